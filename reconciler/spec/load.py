@@ -1,0 +1,319 @@
+"""Files → validated objects, with every problem located.
+
+A repository is read in one go and every error of every file is reported: one malformed file never
+stops the others from being checked. Parsed files are cached by the SHA-256 of their bytes, so a
+reconcile pass where nothing changed reads the tree and hashes it but parses nothing.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from ..diagnostics import Diagnostic, relpath
+from . import yamlsafe
+from .checks import secret_values
+from .models import KINDS, ExecutionTemplate, Fleet, Run
+
+SPEC_DIRS = ("specs", "execution_templates")
+
+
+@dataclass
+class SpecFile:
+    """One file of the tree after loading: its object when valid, its diagnostics otherwise."""
+
+    path: Path
+    rel: str
+    sha: str
+    kind: str | None = None
+    obj: BaseModel | None = None
+    diags: list[Diagnostic] = field(default_factory=list)
+    name_hint: str | None = None  # metadata.name or the file stem, so an invalid Run still has a status
+
+    @property
+    def ok(self) -> bool:
+        return self.obj is not None and not self.diags
+
+
+class Locator:
+    """Finds where a path inside a document was written; re-reads files with ruamel.yaml on demand."""
+
+    def __init__(self) -> None:
+        self._docs: dict[Path, yamlsafe.Located | None] = {}
+
+    def at(self, f: SpecFile, loc: tuple) -> tuple[int, int]:
+        if f.path not in self._docs:
+            try:
+                self._docs[f.path] = yamlsafe.located_load(yamlsafe.decode(f.path.read_bytes()))
+            except (OSError, yamlsafe.YamlProblem):
+                self._docs[f.path] = None
+        doc = self._docs[f.path]
+        return doc.locate(loc) if doc else (1, 1)
+
+    def diag(self, f: SpecFile, loc: tuple, message: str) -> Diagnostic:
+        line, col = self.at(f, loc)
+        field_path = dotted(loc, self._docs.get(f.path).data if self._docs.get(f.path) else None)
+        return Diagnostic(f.rel, line, col, f"{field_path}: {message}" if field_path else message)
+
+
+def dotted(loc: tuple, data: Any) -> str:
+    """('spec', 'task', 'swift-sft', 'args', 0) → 'spec.task.args[0]', dropping parts not in the data."""
+    out: list[str] = []
+    node = data
+    for i, part in enumerate(loc):
+        last = i == len(loc) - 1
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, dict) and node.get("type") == part:
+            continue  # a tagged union's tag, not a key
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        elif not last or not isinstance(part, (str, int)):
+            continue
+        else:
+            node = None
+        out.append(f"[{part}]" if isinstance(part, int) else ("." if out else "") + str(part))
+    return "".join(out)
+
+
+def _message(err: dict[str, Any], model: type[BaseModel]) -> str:
+    kind, msg, loc = err["type"], err["msg"], err["loc"]
+    if kind == "extra_forbidden":
+        key = loc[-1]
+        hint = ""
+        if isinstance(key, str):
+            close = difflib.get_close_matches(key, _known_keys(model), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+        return f"unknown key '{key}'{hint}"
+    if kind == "missing":
+        return f"missing required key '{loc[-1]}'"
+    if kind == "union_tag_invalid":
+        ctx = err.get("ctx", {})
+        return f"unknown type {ctx.get('tag')!r}; expected one of {ctx.get('expected_tags')}"
+    if kind == "union_tag_not_found":
+        return "missing 'type' (one of 'command', 'swift-sft', 'swift-rlhf')"
+    if kind == "string_pattern_mismatch":
+        pattern = err.get("ctx", {}).get("pattern", "")
+        if "a-z0-9" in pattern:
+            return f"{err['input']!r} is not a DNS label: lowercase letters, digits and '-', starting and ending with a letter or digit"
+        return f"{err['input']!r} is not a valid name (letters, digits and '_', not starting with a digit)"
+    if kind == "too_short":
+        return f"must have at least {err.get('ctx', {}).get('min_length', 1)} item(s)"
+    if kind == "value_error":
+        return msg.removeprefix("Value error, ")
+    if kind.endswith("_type") and "input" in err:
+        return f"{msg[0].lower()}{msg[1:]}, got {type(err['input']).__name__} {err['input']!r}"[:300]
+    return msg[0].lower() + msg[1:]
+
+
+_KEYS_CACHE: dict[type, list[str]] = {}
+
+
+def _known_keys(model: type[BaseModel]) -> list[str]:
+    """Every field name in the model tree, for 'did you mean' hints."""
+    if model in _KEYS_CACHE:
+        return _KEYS_CACHE[model]
+    names: set[str] = set()
+
+    def walk(m: Any, seen: set) -> None:
+        if not (isinstance(m, type) and issubclass(m, BaseModel)) or m in seen:
+            return
+        seen.add(m)
+        for name, f in m.model_fields.items():
+            names.add(name)
+            for t in _types_in(f.annotation):
+                walk(t, seen)
+
+    walk(model, set())
+    _KEYS_CACHE[model] = sorted(names)
+    return _KEYS_CACHE[model]
+
+
+def _types_in(annotation: Any) -> list[Any]:
+    args = getattr(annotation, "__args__", None) or ()
+    out = [annotation]
+    for a in args:
+        out.extend(_types_in(a))
+    if hasattr(annotation, "__metadata__"):
+        out.extend(_types_in(annotation.__origin__))
+    return out
+
+
+# ---------------------------------------------------------------- one file
+
+
+def _cache_key(sha: str, rel: str) -> str:
+    return f"{rel}\0{sha}"
+
+
+class SpecCache:
+    """Parsed files by (path, content hash): unchanged files are never parsed twice in a process."""
+
+    def __init__(self, limit: int = 50_000) -> None:
+        self._items: dict[str, SpecFile] = {}
+        self.limit = limit
+        self.hits = 0
+
+    def get(self, rel: str, sha: str) -> SpecFile | None:
+        f = self._items.get(_cache_key(sha, rel))
+        if f is not None:
+            self.hits += 1
+        return f
+
+    def put(self, f: SpecFile) -> None:
+        if len(self._items) >= self.limit:
+            self._items.clear()
+        self._items[_cache_key(f.sha, f.rel)] = f
+
+
+def load_file(path: Path, root: Path | None, locator: Locator, cache: SpecCache | None = None,
+              expect_kind: str | None = None, rel: str | None = None) -> SpecFile:
+    rel = rel or relpath(path, root)
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        return SpecFile(path, rel, "", diags=[Diagnostic(rel, 0, 0, f"cannot read: {e.strerror}")])
+    sha = hashlib.sha256(raw).hexdigest()
+    if cache is not None:
+        hit = cache.get(rel, sha)
+        if hit is not None:
+            return hit
+    f = SpecFile(path, rel, sha, name_hint=path.stem)
+    _parse_into(f, raw, locator, expect_kind)
+    if cache is not None:
+        cache.put(f)
+    return f
+
+
+def _parse_into(f: SpecFile, raw: bytes, locator: Locator, expect_kind: str | None) -> None:
+    try:
+        text = yamlsafe.decode(raw)
+    except yamlsafe.YamlProblem as p:
+        f.diags.append(Diagnostic(f.rel, p.line, p.col, p.message))
+        return
+    fast = True
+    try:
+        data = yamlsafe.fast_load(text)
+    except Exception:  # noqa: BLE001 - any refusal is re-read on the located path for its message
+        try:
+            located = yamlsafe.located_load(text)
+        except yamlsafe.YamlProblem as p:
+            f.diags.append(Diagnostic(f.rel, p.line, p.col, p.message))
+            return
+        locator._docs[f.path] = located
+        data = located.data
+        fast = False
+    if not isinstance(data, dict):
+        f.diags.append(Diagnostic(f.rel, 1, 1, f"expected a mapping with apiVersion and kind, found {type(data).__name__}"))
+        return
+    kind = data.get("kind")
+    meta = data.get("metadata")
+    if isinstance(meta, dict) and isinstance(meta.get("name"), str):
+        f.name_hint = meta["name"]
+    if kind not in KINDS:
+        f.diags.append(locator.diag(f, ("kind",), f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}"
+                                    if kind is not None else "missing 'kind' (one of " + ", ".join(KINDS) + ")"))
+        return
+    f.kind = kind
+    if expect_kind and kind != expect_kind:
+        f.diags.append(locator.diag(f, ("kind",), f"files under execution_templates/ must be {expect_kind}, not {kind}"))
+        return
+    model = KINDS[kind]
+    try:
+        obj = model.model_validate(data)
+    except ValidationError as e:
+        obj = None
+        for err in e.errors():
+            f.diags.append(locator.diag(f, tuple(err["loc"]), _message(err, model)))
+    for loc, message in secret_values(data, text if fast else None):
+        f.diags.append(locator.diag(f, loc, message))
+    if not f.diags:
+        f.obj = obj
+
+
+# ---------------------------------------------------------------- the tree
+
+
+def discover(root: Path) -> list[tuple[Path, str | None]]:
+    """All spec files under specs/ and execution_templates/, in a stable order."""
+    out: list[tuple[Path, str | None]] = []
+    for top, expect in (("specs", None), ("execution_templates", "ExecutionTemplate")):
+        base = root / top
+        if not base.is_dir():
+            continue
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            for name in sorted(filenames):
+                if name.endswith((".yaml", ".yml")) and not name.startswith("."):
+                    out.append((Path(dirpath) / name, expect))
+    return out
+
+
+@dataclass
+class RunEntry:
+    run: Run
+    rel: str
+    digest: str  # of the run's spec content: a change bumps the generation
+
+
+@dataclass
+class DesiredState:
+    """Everything the repository asks for, after validation."""
+
+    runs: dict[str, RunEntry] = field(default_factory=dict)
+    templates: dict[str, ExecutionTemplate] = field(default_factory=dict)
+    fleets: dict[str, Fleet] = field(default_factory=dict)
+    invalid: dict[str, str] = field(default_factory=dict)  # run name → first message
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    files: list[SpecFile] = field(default_factory=list)
+
+
+def run_digest(run: Run) -> str:
+    import json
+
+    body = json.dumps(run.spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
+
+
+def load_tree(root: Path, cache: SpecCache | None = None, only: set[Path] | None = None) -> DesiredState:
+    """Load and check the whole repository. ``only`` limits the reported diagnostics to some files."""
+    from .checks import cross_checks
+
+    locator = Locator()
+    prefix = len(str(root)) + 1
+    files = [load_file(p, root, locator, cache, expect, str(p)[prefix:]) for p, expect in discover(root)]
+    if only:
+        known = {f.path.resolve() for f in files}
+        for p in sorted(only):
+            if p.resolve() not in known:
+                files.append(load_file(p, root, locator, cache, None))
+    desired = DesiredState(files=files)
+    cross = cross_checks(root, files, locator)
+    bad_paths: set[str] = set()
+    for f in files:
+        for d in f.diags + cross.get(f.rel, []):
+            desired.diagnostics.append(d)
+            bad_paths.add(f.rel)
+    for f in files:
+        if f.rel in bad_paths or f.obj is None:
+            if f.kind in (None, "Run") and f.rel.startswith("specs" + os.sep) and f.name_hint:
+                first = next((d for d in desired.diagnostics if d.path == f.rel), None)
+                desired.invalid.setdefault(f.name_hint, first.text() if first else "invalid")
+            continue
+        if isinstance(f.obj, Run):
+            desired.runs[f.obj.metadata.name] = RunEntry(f.obj, f.rel, run_digest(f.obj))
+        elif isinstance(f.obj, ExecutionTemplate):
+            desired.templates[f.obj.id] = f.obj
+        elif isinstance(f.obj, Fleet):
+            desired.fleets[f.obj.metadata.name] = f.obj
+    if only:
+        wanted = {relpath(p, root) for p in only}
+        desired.diagnostics = [d for d in desired.diagnostics if d.path in wanted]
+    desired.diagnostics.sort()
+    return desired
