@@ -222,6 +222,7 @@ def main(argv=None) -> int:
     stopper = Stopper()
     watched = Watched(args.watch_pid) if args.watch_pid else None
     samples = 0
+    failed = False
     try:
         out.emit("start", interval=args.interval, **common)
         handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
@@ -240,6 +241,7 @@ def main(argv=None) -> int:
                 next_at = now + args.interval
             stopper.sleep(next_at - now)
     except Exception as exc:
+        failed = True
         stopper.reason = stopper.reason or "error: " + _err(exc)
     finally:
         out.emit("stop", reason=stopper.reason or "unknown", samples=samples, cpu_s=round(time.process_time(), 3))
@@ -248,7 +250,7 @@ def main(argv=None) -> int:
             nvml.nvmlShutdown()
         except Exception:
             pass
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -442,6 +442,11 @@ def _guard(fn, *args):
 
 def run(args) -> int:
     t0 = time.monotonic()
+    # Python put this script's folder first on sys.path; training does not run from here, so nothing in
+    # it may shadow the packages being checked (e.g. a staged run folder holding a "swift" directory).
+    here = os.path.dirname(os.path.realpath(__file__))
+    if sys.path and sys.path[0] and os.path.realpath(sys.path[0]) == here:
+        del sys.path[0]
     report = {"schema": SCHEMA, "ok": True, "reason": None, "ts": time.time()}
     report["python"] = _guard(collect_python)
     report["platform"] = _guard(collect_platform)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 from ..diagnostics import Diagnostic, relpath
 from . import yamlsafe
 from .checks import secret_values
-from .models import KINDS, ExecutionTemplate, Fleet, Run
+from .models import DNS_LABEL, KINDS, ExecutionTemplate, Fleet, Run
 
 SPEC_DIRS = ("specs", "execution_templates")
 
@@ -100,16 +101,31 @@ def _message(err: dict[str, Any], model: type[BaseModel]) -> str:
         return "missing 'type' (one of 'command', 'swift-sft', 'swift-rlhf')"
     if kind == "string_pattern_mismatch":
         pattern = err.get("ctx", {}).get("pattern", "")
-        if "a-z0-9" in pattern:
+        if pattern == DNS_LABEL:
             return f"{err['input']!r} is not a DNS label: lowercase letters, digits and '-', starting and ending with a letter or digit"
         return f"{err['input']!r} is not a valid name (letters, digits and '_', not starting with a digit)"
     if kind == "too_short":
         return f"must have at least {err.get('ctx', {}).get('min_length', 1)} item(s)"
     if kind == "value_error":
         return msg.removeprefix("Value error, ")
+    if kind in ("model_type", "model_attributes_type", "dict_type") and "input" in err:
+        return f"expected a mapping (key: value lines), got {type(err['input']).__name__} {err['input']!r}"[:300]
     if kind.endswith("_type") and "input" in err:
         return f"{msg[0].lower()}{msg[1:]}, got {type(err['input']).__name__} {err['input']!r}"[:300]
     return msg[0].lower() + msg[1:]
+
+
+def _error_loc(err: dict[str, Any], model: type[BaseModel]) -> tuple:
+    """Where an error should point: a missing key at its parent, a refused key inside a map at that key."""
+    loc = tuple(err["loc"])
+    if err["type"] == "missing":
+        return loc[:-1]
+    if err["type"] == "value_error" and isinstance(err.get("input"), dict):
+        # A validator that refuses one key of a map names it first: 'output_dir' is managed ...
+        m = re.match(r"'([^']+)'", _message(err, model))
+        if m and m.group(1) in err["input"]:
+            return loc + (m.group(1),)
+    return loc
 
 
 _KEYS_CACHE: dict[type, list[str]] = {}
@@ -210,13 +226,14 @@ def _parse_into(f: SpecFile, raw: bytes, locator: Locator, expect_kind: str | No
         data = located.data
         fast = False
     if not isinstance(data, dict):
-        f.diags.append(Diagnostic(f.rel, 1, 1, f"expected a mapping with apiVersion and kind, found {type(data).__name__}"))
+        found = {type(None): "an empty document (null)", str: "a string", list: "a list"}.get(type(data), type(data).__name__)
+        f.diags.append(Diagnostic(f.rel, 1, 1, f"expected a mapping with apiVersion and kind, found {found}"))
         return
     kind = data.get("kind")
     meta = data.get("metadata")
     if isinstance(meta, dict) and isinstance(meta.get("name"), str):
         f.name_hint = meta["name"]
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         f.diags.append(locator.diag(f, ("kind",), f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}"
                                     if kind is not None else "missing 'kind' (one of " + ", ".join(KINDS) + ")"))
         return
@@ -230,7 +247,7 @@ def _parse_into(f: SpecFile, raw: bytes, locator: Locator, expect_kind: str | No
     except ValidationError as e:
         obj = None
         for err in e.errors():
-            f.diags.append(locator.diag(f, tuple(err["loc"]), _message(err, model)))
+            f.diags.append(locator.diag(f, _error_loc(err, model), _message(err, model)))
     for loc, message in secret_values(data, text if fast else None):
         f.diags.append(locator.diag(f, loc, message))
     if not f.diags:
@@ -288,7 +305,7 @@ def load_tree(root: Path, cache: SpecCache | None = None, only: set[Path] | None
     locator = Locator()
     prefix = len(str(root)) + 1
     files = [load_file(p, root, locator, cache, expect, str(p)[prefix:]) for p, expect in discover(root)]
-    if only:
+    if only is not None:  # an empty set means "report on no file", not "on every file"
         known = {f.path.resolve() for f in files}
         for p in sorted(only):
             if p.resolve() not in known:
@@ -312,7 +329,7 @@ def load_tree(root: Path, cache: SpecCache | None = None, only: set[Path] | None
             desired.templates[f.obj.id] = f.obj
         elif isinstance(f.obj, Fleet):
             desired.fleets[f.obj.metadata.name] = f.obj
-    if only:
+    if only is not None:
         wanted = {relpath(p, root) for p in only}
         desired.diagnostics = [d for d in desired.diagnostics if d.path in wanted]
     desired.diagnostics.sort()

@@ -118,7 +118,7 @@ class SwiftCommon(Strict):
             if key in ("output_dir", "resume_from_checkpoint", "add_version"):
                 raise ValueError(f"'{key}' is managed by the reconciler (artifacts and resume)")
             if not _is_plain(value):
-                raise ValueError(f"args.{key}: only scalars, lists and maps of scalars are passed through")
+                raise ValueError(f"'{key}' is not a scalar, a list or a map of scalars; only those are passed through")
         return v
 
 

@@ -20,8 +20,9 @@ from typing import Any, Iterable
 
 import yaml
 from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.comments import CommentedMap, CommentedSeq, TaggedScalar
 from ruamel.yaml.error import MarkedYAMLError, YAMLError as RuamelError
+from ruamel.yaml.resolver import VersionedResolver
 
 MAX_BYTES = 1 << 20  # 1 MiB: a spec is tens of lines
 MAX_NODES = 20_000  # values after alias expansion
@@ -39,20 +40,24 @@ class YamlProblem(Exception):
 _CLoader = getattr(yaml, "CSafeLoader", None)
 
 
-def _core_schema_resolvers(cls: type) -> None:
-    cls.yaml_implicit_resolvers = {}
-    cls.add_implicit_resolver(
-        "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-    )
-    cls.add_implicit_resolver(
-        "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"), list("-+0123456789")
-    )
-    cls.add_implicit_resolver(
+# The YAML 1.2 core schema, shared by both parsers so that they agree on every plain scalar. No
+# timestamps, no binary or underscored ints, no merge keys ('<<'), whatever a %YAML directive says.
+CORE_RESOLVERS: list[tuple[str, re.Pattern[str], list[str]]] = [
+    ("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")),
+    ("tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"), list("-+0123456789")),
+    (
         "tag:yaml.org,2002:float",
         re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
         list("-+0123456789."),
-    )
-    cls.add_implicit_resolver("tag:yaml.org,2002:null", re.compile(r"^(?:~|null|Null|NULL|)$"), ["~", "n", "N", ""])
+    ),
+    ("tag:yaml.org,2002:null", re.compile(r"^(?:~|null|Null|NULL|)$"), ["~", "n", "N", ""]),
+]
+
+
+def _core_schema_resolvers(cls: type) -> None:
+    cls.yaml_implicit_resolvers = {}
+    for tag, regexp, first in CORE_RESOLVERS:
+        cls.add_implicit_resolver(tag, regexp, first)
 
 
 if _CLoader is not None:
@@ -91,13 +96,15 @@ _SCALAR = {
 _MAP, _SEQ = "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"
 
 
-def _construct(node: Any, memo: dict[int, Any]) -> Any:
-    """Node graph → plain data. Anything but core tags, or a duplicate key, raises (→ located path)."""
+def _construct(node: Any, memo: dict[int, Any], depth: int = 0) -> Any:
+    """Node graph → plain data. Anything but core tags, a duplicate key or deep nesting raises (→ located path)."""
     key = id(node)
     if key in memo:  # an alias: shared, never copied (expansion is bounded separately)
         return memo[key]
     if isinstance(node, yaml.ScalarNode):
         return _SCALAR[node.tag](node.value)
+    if depth >= MAX_DEPTH:  # at most MAX_DEPTH nested collections, as _prescan says
+        raise YamlProblem("nesting too deep")
     if isinstance(node, yaml.MappingNode):
         if node.tag != _MAP:
             raise KeyError(node.tag)
@@ -106,13 +113,13 @@ def _construct(node: Any, memo: dict[int, Any]) -> Any:
         for k, v in node.value:
             if not isinstance(k, yaml.ScalarNode) or k.tag != "tag:yaml.org,2002:str" or k.value in out or k.value == "<<":
                 raise KeyError("key")
-            out[k.value] = _construct(v, memo)
+            out[k.value] = _construct(v, memo, depth + 1)
         return out
     if node.tag != _SEQ:
         raise KeyError(node.tag)
     seq: list[Any] = []
     memo[key] = seq
-    seq.extend(_construct(v, memo) for v in node.value)
+    seq.extend(_construct(v, memo, depth + 1) for v in node.value)
     return seq
 
 
@@ -164,8 +171,24 @@ def _expanded_size(data: Any) -> int:
 # ---------------------------------------------------------------- the located path (ruamel.yaml)
 
 
+class _CoreResolver(VersionedResolver):
+    """ruamel.yaml's resolver restricted to ``CORE_RESOLVERS``, for every document version.
+
+    ruamel.yaml's own 1.2 rules still resolve timestamps, ``0b101``, ``1_000`` and merge keys; the
+    fast path does not, and the two paths must agree about what a file means.
+    """
+
+    @property
+    def versioned_resolver(self) -> Any:
+        if not self._version_implicit_resolver:
+            for tag, regexp, first in CORE_RESOLVERS:
+                self.add_version_implicit_resolver((1, 2), tag, regexp, first)
+        return self._version_implicit_resolver[(1, 2)]
+
+
 def _ruamel() -> YAML:
     y = YAML(typ="rt", pure=True)
+    y.Resolver = _CoreResolver
     y.allow_duplicate_keys = False
     return y
 
@@ -202,6 +225,7 @@ class Located:
 
 def located_load(text: str) -> Located:
     """Parse with ruamel.yaml; raise ``YamlProblem`` with a location for every refusal."""
+    _prescan(text)
     y = _ruamel()
     try:
         docs = list(y.load_all(text))
@@ -211,6 +235,13 @@ def located_load(text: str) -> Located:
         if "duplicate key" in str(e).lower() or "found duplicate key" in (problem or ""):
             key = re.search(r'duplicate key "?([^"\n]+?)"? with', str(e))
             problem = f"duplicate key {key.group(1)!r}" if key else "duplicate key"
+        elif "'\\t'" in problem or "\t" in problem:
+            problem += " (indent with spaces: YAML does not allow tabs there)"
+        elif e.context and e.context_mark is not None:
+            cm = e.context_mark
+            problem += f" ({e.context} that starts at line {cm.line + 1}, column {cm.column + 1})"
+            if "stream end" in problem or "end of stream" in problem:  # the end of the file is not where the mistake is
+                mark = cm
         line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
         raise YamlProblem(f"invalid YAML: {problem}", line, col) from None
     except RuamelError as e:
@@ -220,7 +251,7 @@ def located_load(text: str) -> Located:
     if not docs:
         raise YamlProblem("empty file: expected one YAML mapping", 1, 1)
     if len(docs) > 1:
-        raise YamlProblem("expected one document per file, found several ('---' separators)", 1, 1)
+        raise YamlProblem("expected one document per file, found several ('---' separators)", *_second_document(y, text))
     raw = docs[0]
     if _expanded_size(raw) > MAX_NODES:
         raise YamlProblem(
@@ -228,6 +259,39 @@ def located_load(text: str) -> Located:
             1, 1,
         )
     return Located(data=_plain(raw, (1, 1)), raw=raw)
+
+
+def _prescan(text: str) -> None:
+    """Refuse, with a location, what ruamel.yaml handles slowly or silently: deep nesting (ruamel
+    takes seconds to hit the recursion limit) and an alias inside its own anchor (ruamel reads
+    ``&a [*a]`` as ``[None]``). libyaml's event stream makes this cheap; a syntax error is left to
+    ruamel.yaml, which reports it."""
+    if _FastLoader is None:  # pragma: no cover
+        return
+    opened: list[str | None] = []
+    try:
+        for ev in yaml.parse(text, Loader=_FastLoader):
+            if isinstance(ev, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+                opened.append(ev.anchor)
+                if len(opened) > MAX_DEPTH:
+                    m = ev.start_mark
+                    raise YamlProblem(f"nesting deeper than {MAX_DEPTH} levels", m.line + 1, m.column + 1)
+            elif isinstance(ev, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+                opened.pop()
+            elif isinstance(ev, yaml.AliasEvent) and ev.anchor in opened:
+                m = ev.start_mark
+                raise YamlProblem(f"alias *{ev.anchor} refers to its own anchor (a recursive structure)", m.line + 1, m.column + 1)
+    except yaml.YAMLError:
+        return
+
+
+def _second_document(y: YAML, text: str) -> tuple[int, int]:
+    """Where the second document of a stream starts (its '---'), for a located refusal."""
+    try:
+        starts = [ev.start_mark for ev in y.parse(text) if type(ev).__name__ == "DocumentStartEvent"]
+    except RuamelError:
+        starts = []
+    return (starts[1].line + 1, starts[1].column + 1) if len(starts) > 1 else (1, 1)
 
 
 STANDARD_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "map", "seq")}
@@ -244,6 +308,8 @@ def _plain(v: Any, where: tuple[int, int]) -> Any:
     if tag_value and str(tag_value) not in STANDARD_TAGS:
         shown = str(tag_value).replace("tag:yaml.org,2002:", "!!")
         raise YamlProblem(f"tag {shown} is not allowed: specs hold plain strings, numbers, booleans, lists and maps", *where)
+    if isinstance(v, TaggedScalar) and str(tag_value) == "tag:yaml.org,2002:str":
+        return str(v.value)  # '!!str 12': what the fast path reads too
     if isinstance(v, CommentedMap):
         out = {}
         for k, item in v.items():
@@ -251,6 +317,8 @@ def _plain(v: Any, where: tuple[int, int]) -> Any:
             at = (pos[0] + 1, pos[1] + 1) if pos else where
             if not isinstance(k, str):
                 raise YamlProblem(f"keys must be strings, not {type(k).__name__} ({k!r})", *at)
+            if k == "<<":
+                raise YamlProblem("merge keys ('<<') are not allowed: write the keys out", *at)
             out[k] = _plain(item, (pos[2] + 1, pos[3] + 1) if pos else where)
         return out
     if isinstance(v, CommentedSeq):

@@ -1,0 +1,87 @@
+"""The backend contract: a transport to a machine, and a launch mode on top of it.
+
+A backend is chosen by the key ``<placement>_<launch_mode>`` and by nothing else. Placement decides
+how commands and files reach a machine (``LocalTransport`` runs them here, ``SshTransport`` over
+one SSH connection per machine and pass); the launch mode decides what is started (a detached
+host process group, or a container). Every operation is idempotent on the run identity: launching
+an identity that already exists adopts it, terminating one that is gone succeeds.
+
+Errors follow ``errors.py``: ``PermanentError`` (a missing image, a refused host key) fails the
+run; ``TemporaryError`` (a timeout, a refused connection) leaves it for a later pass.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+
+@dataclass
+class Completed:
+    rc: int
+    out: str
+    err: str
+
+
+@dataclass
+class MachineInfo:
+    """What a backend needs to know about a machine (this one, or a Fleet entry)."""
+
+    name: str
+    workspace_root: str
+    docker_host: str | None = None
+    python: str | None = None
+    fleet_machine: Any = None  # spec.models.Machine for ssh placement
+    known_hosts: str | None = None
+
+
+class Transport(Protocol):
+    machine: MachineInfo
+    round_trips: int
+
+    def workspace(self, identity: str) -> str: ...
+
+    def sh(self, script: str, timeout: float = 60.0) -> Completed: ...
+
+    def agent(self, args: dict) -> dict: ...
+
+    def stage(self, bundle: Path, identity: str) -> str: ...
+
+    def put_secret_file(self, workspace: str, content: bytes) -> None: ...
+
+    def fetch(self, identity: str, dest: Path) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class LaunchSpec:
+    identity: str
+    run_name: str
+    workspace: str
+    launch_mode: str
+    image: str | None = None
+    network: str = "none"
+    pull: bool = False
+    gpus: list[int] = field(default_factory=list)
+    secrets: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class LaunchResult:
+    identity: str
+    workspace: str
+    adopted: bool = False
+    pid: int | None = None
+    container: str | None = None
+
+
+def secrets_file(secrets: dict[str, str]) -> bytes:
+    """Shell-sourceable ``export NAME='value'`` lines, read once by the wrapper and deleted."""
+    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(secrets.items())).encode()
+
+
+def docker_prefix(machine: MachineInfo) -> str:
+    return f"DOCKER_HOST={shlex.quote(machine.docker_host)} " if machine.docker_host else ""

@@ -1,0 +1,101 @@
+"""Launch modes: what gets started in a workspace, the same way on every transport.
+
+``host_process`` starts the launch wrapper in its own session (``setsid``) from a shell that exits
+at once, so the job is nobody's child and no zombie is left behind. ``docker`` runs the same
+wrapper in a container named and labelled by the identity, with the workspace mounted at /bundle.
+Both first look for the identity and adopt it if it is already there.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from ..errors import PermanentError, TemporaryError
+from .base import LaunchResult, LaunchSpec, Transport, docker_prefix, secrets_file
+
+# How long a launch waits, on the machine, for the wrapper to write its pid.
+PID_WAIT = "i=0; while [ ! -s runtime/pid ] && [ $i -lt 100 ]; do sleep 0.02; i=$((i+1)); done"
+
+
+def launch(t: Transport, spec: LaunchSpec) -> LaunchResult:
+    if spec.secrets:
+        t.put_secret_file(spec.workspace, secrets_file(spec.secrets))
+    if spec.launch_mode == "docker":
+        return _launch_docker(t, spec)
+    return _launch_host(t, spec)
+
+
+def _launch_host(t: Transport, spec: LaunchSpec) -> LaunchResult:
+    ws, ident = shlex.quote(spec.workspace), shlex.quote(spec.identity)
+    script = (
+        f"cd {ws} || exit 97\n"
+        "mkdir -p runtime artifacts\n"
+        "if [ -e runtime/launched_at ]; then echo adopted; cat runtime/pid 2>/dev/null; exit 0; fi\n"
+        "date +%s > runtime/launched_at\n"
+        f"setsid sh scripts/launch.sh {ident} </dev/null >/dev/null 2>&1 &\n"
+        f"{PID_WAIT}\n"
+        "echo launched; cat runtime/pid 2>/dev/null\n"
+    )
+    r = t.sh(script, timeout=30)
+    if r.rc != 0:
+        raise TemporaryError(f"launch on {t.machine.name} failed (exit {r.rc}): {r.err.strip()[:300]}")
+    lines = r.out.split()
+    pid = int(lines[1]) if len(lines) > 1 and lines[1].isdigit() else None
+    return LaunchResult(spec.identity, spec.workspace, adopted=lines[:1] == ["adopted"], pid=pid)
+
+
+def _launch_docker(t: Transport, spec: LaunchSpec) -> LaunchResult:
+    ws, ident = shlex.quote(spec.workspace), shlex.quote(spec.identity)
+    args = [
+        "docker", "run", "-d", "--name", spec.identity,
+        "--label", f"reconciler.identity={spec.identity}", "--label", f"reconciler.run={spec.run_name}",
+        "--network", spec.network, "-w", "/bundle",
+    ]
+    if not spec.pull:
+        args.append("--pull=never")
+    if spec.gpus:
+        args += ["--gpus", f"device={','.join(str(g) for g in spec.gpus)}"]
+    cmd = " ".join(shlex.quote(a) for a in args)
+    cmd += ' --user "$(id -u):$(id -g)" -v "$PWD:/bundle"'
+    cmd += f" {shlex.quote(spec.image or '')} sh /bundle/scripts/launch.sh {ident}"
+    dp = docker_prefix(t.machine)
+    script = (
+        f"cd {ws} || exit 97\n"
+        "mkdir -p runtime artifacts\n"
+        "if [ -e runtime/container ]; then echo adopted; exit 0; fi\n"
+        f"echo {ident} > runtime/container\n"
+        "date +%s > runtime/launched_at\n"
+        f"if out=$({dp}{cmd} 2>&1); then echo launched; exit 0; fi\n"
+        "rc=$?\n"
+        # Record the failure where observers look, so the instance reads as failed, not lost.
+        'printf \'{"state": "failed", "exit_code": %d, "finished_ts": %s}\\n\' "$rc" "$(date +%s)" > runtime/result.json\n'
+        'echo "$out" >&2; exit 3\n'
+    )
+    r = t.sh(script, timeout=120)
+    if r.rc == 0:
+        return LaunchResult(spec.identity, spec.workspace, adopted=r.out.strip() == "adopted", container=spec.identity)
+    err = r.err.strip()
+    low = err.lower()
+    if "no such image" in low or "unable to find image" in low or "pull access denied" in low:
+        how = "pulling is disabled by the template (launch_mode.pull: false)" if not spec.pull else "pull failed"
+        raise PermanentError(f"image {spec.image!r} not found on {t.machine.name}; {how}")
+    if "conflict" in low and "already in use" in low:
+        return LaunchResult(spec.identity, spec.workspace, adopted=True, container=spec.identity)
+    if "could not select device driver" in low or "nvidia" in low and "gpu" in low:
+        raise PermanentError(f"docker on {t.machine.name} cannot give GPUs to containers: {err[:200]}")
+    if r.rc == 97:
+        raise TemporaryError(f"workspace {spec.workspace} missing on {t.machine.name}")
+    raise TemporaryError(f"docker run on {t.machine.name} failed: {err[:300]}")
+
+
+def terminate(t: Transport, identity: str, workspace: str, grace: float) -> dict:
+    return t.agent({"op": "terminate", "workspace": workspace, "identity": identity, "grace": grace})
+
+
+def finish(t: Transport, workspace: str, remove: bool) -> dict:
+    return t.agent({"op": "finish", "workspace": workspace, "remove": remove})
+
+
+def describe(result: dict) -> str:
+    return json.dumps(result, sort_keys=True)

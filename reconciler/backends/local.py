@@ -1,0 +1,68 @@
+"""Placement ``local``: this machine is the execution plane (the embedded default).
+
+Workspaces live under a root on this machine (``~/.reconciler/workspaces`` unless configured),
+outside any checkout, so a reconciler started from a fresh clone in another folder still finds the
+runs an earlier one launched. The bundle is built straight into the workspace: staging and
+fetching are no-ops. The agent runs in-process, so observing costs no subprocess at all.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from ..runtime import probe as agent_module
+from .base import Completed, MachineInfo
+
+LOCAL_MACHINE = "local"
+
+
+class LocalTransport:
+    def __init__(self, machine: MachineInfo):
+        self.machine = machine
+        self.root = os.path.abspath(os.path.expanduser(machine.workspace_root))
+        self.round_trips = 0
+
+    def workspace(self, identity: str) -> str:
+        return os.path.join(self.root, identity)
+
+    def sh(self, script: str, timeout: float = 60.0) -> Completed:
+        self.round_trips += 1
+        env = dict(os.environ)
+        if self.machine.docker_host:
+            env["DOCKER_HOST"] = self.machine.docker_host
+        try:
+            p = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=timeout, env=env,
+                               stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return Completed(124, "", f"timed out after {timeout}s")
+        return Completed(p.returncode, p.stdout, p.stderr)
+
+    def agent(self, args: dict) -> dict:
+        self.round_trips += 1
+        if self.machine.docker_host:
+            os.environ.setdefault("DOCKER_HOST", self.machine.docker_host)
+        if args.get("op") == "probe":
+            args = dict(args, root=self.root)
+        return agent_module.dispatch(args)
+
+    def stage(self, bundle: Path, identity: str) -> str:
+        ws = self.workspace(identity)
+        if os.path.abspath(bundle) != ws:
+            raise ValueError(f"local bundles are built in their workspace ({ws}), not {bundle}")
+        return ws
+
+    def put_secret_file(self, workspace: str, content: bytes) -> None:
+        rt = Path(workspace) / "runtime"
+        rt.mkdir(parents=True, exist_ok=True)
+        path = rt / "secrets.env"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(content)
+
+    def fetch(self, identity: str, dest: Path) -> None:
+        return None  # the workspace is the local bundle
+
+    def close(self) -> None:
+        return None

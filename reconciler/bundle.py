@@ -1,0 +1,180 @@
+"""Bundles: a run's frozen, self-describing contract, built on the control plane.
+
+A bundle holds everything a machine needs to run one identity and nothing that depends on the
+machine: ``job.json`` (the envelope), ``inputs/`` (staged repository files), ``scripts/`` (the
+rendered entrypoint, the launch wrapper, the GPU sampler and the precheck). Its digest is a hash of
+those files' paths, modes and contents, so the same spec at the same commit gives the same digest.
+``runtime/`` and ``artifacts/`` belong to the execution plane and are left out of the digest and of
+the staging archive.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .spec.resolve import Effective
+from .tasks import RenderContext, env_lines, render
+
+SCHEMA_VERSION = "v1"
+RUNTIME_DIR = Path(__file__).parent / "runtime"
+SHIPPED_SCRIPTS = ("launch.sh", "gpu_sampler.py", "precheck.py")
+CONTENT_DIRS = ("inputs", "scripts")
+
+
+@dataclass
+class BundleRequest:
+    """What the planner decided about one launch, plus where the repository is."""
+
+    repo_root: Path
+    identity: str
+    run: object  # spec.models.Run
+    spec_digest: str
+    spec_commit: str | None
+    template: object  # spec.models.ExecutionTemplate
+    effective: Effective
+    machine: str
+    gpus: list[int] = field(default_factory=list)
+    python: str | None = None
+    resume_from: str | None = None
+
+
+@dataclass
+class Bundle:
+    path: Path
+    digest: str
+
+
+def build(req: BundleRequest, dest: Path) -> Bundle:
+    """Build into ``dest`` (atomically). An existing bundle for the identity is reused as is."""
+    if (dest / "job.json").is_file():
+        return Bundle(dest, digest(dest))
+    tmp = dest.with_name(f".{dest.name}.building")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "scripts").mkdir(parents=True)
+    (tmp / "inputs").mkdir()
+    (tmp / "artifacts").mkdir()
+    run = req.run
+    inputs = [_stage_input(req.repo_root, item, tmp / "inputs") for item in run.spec.inputs]
+    rendered = render(run.spec.task, RenderContext(identity=req.identity, python=req.python,
+                                                    resume_from=req.resume_from, gpus=req.gpus))
+    _write(tmp / "scripts" / "entrypoint.sh", rendered.entrypoint.encode(), 0o755)
+    for name in SHIPPED_SCRIPTS:
+        _write(tmp / "scripts" / name, (RUNTIME_DIR / name).read_bytes(), 0o755)
+    for rel, content in sorted(rendered.files.items()):
+        _write(tmp / rel, content, 0o644)
+    env = dict(req.effective.runtime_env)
+    env.update(rendered.env)
+    if req.gpus or req.effective.resources.gpu_count:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in req.gpus)
+    if req.python:
+        env["RECONCILER_PYTHON"] = req.python
+    _write(tmp / "scripts" / "env.sh", ("# Plain environment for the job; secrets are never written here.\n"
+                                        + env_lines(env)).encode(), 0o644)
+    payload = {
+        "identity": req.identity,
+        "name": run.metadata.name,
+        "labels": dict(run.metadata.labels),
+        "spec_digest": req.spec_digest,
+        "spec_commit": req.spec_commit,
+        "template": req.template.model_dump(mode="json"),
+        "backend": req.effective.backend,
+        "machine": req.machine,
+        "resources": req.effective.resources.model_dump(mode="json"),
+        "gpus": list(req.gpus),
+        "image": req.effective.image if req.effective.launch_mode == "docker" else None,
+        "task": run.spec.task.model_dump(mode="json"),
+        "entrypoint": "scripts/entrypoint.sh",
+        "inputs": inputs,
+        "code": run.spec.code.model_dump(mode="json") if run.spec.code else None,
+        "env_names": sorted(env),
+        "secret_names": sorted(run.spec.secrets),
+        "resume_from": req.resume_from,
+    }
+    _write(tmp / "job.json", (json.dumps({"schema_version": SCHEMA_VERSION, "payload": payload},
+                                         indent=2, sort_keys=True) + "\n").encode(), 0o644)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.exists():  # a half-built or foreign folder without job.json
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
+    return Bundle(dest, digest(dest))
+
+
+def _write(path: Path, data: bytes, mode: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    os.chmod(path, mode)
+
+
+def _stage_input(repo: Path, item: str, inputs_dir: Path) -> dict:
+    """Copy a repository file or folder under inputs/<same relative path>; return its record."""
+    src = repo / item
+    dst = inputs_dir / item
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if src.is_dir():
+        shutil.copytree(src, dst, symlinks=False)
+        files = sorted(p for p in dst.rglob("*") if p.is_file())
+        h = hashlib.sha256()
+        size = 0
+        for p in files:
+            data = p.read_bytes()
+            size += len(data)
+            h.update(p.relative_to(dst).as_posix().encode() + b"\0" + hashlib.sha256(data).digest())
+        return {"path": item, "kind": "dir", "files": len(files), "size": size, "sha256": h.hexdigest()}
+    shutil.copy2(src, dst)
+    data = dst.read_bytes()
+    return {"path": item, "kind": "file", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _content_files(root: Path) -> list[Path]:
+    out = [root / "job.json"] if (root / "job.json").exists() else []
+    for d in CONTENT_DIRS:
+        out.extend(sorted(p for p in (root / d).rglob("*") if p.is_file()))
+    return out
+
+
+def digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for p in _content_files(root):
+        rel = p.relative_to(root).as_posix()
+        mode = "x" if os.access(p, os.X_OK) else "-"
+        h.update(f"{rel}\0{mode}\0".encode() + hashlib.sha256(p.read_bytes()).digest())
+    return "sha256:" + h.hexdigest()
+
+
+def archive(root: Path) -> bytes:
+    """A deterministic tar.gz of the bundle's content, without runtime/ and artifacts/."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6, format=tarfile.PAX_FORMAT) as tar:
+        for p in _content_files(root):
+            info = tarfile.TarInfo(p.relative_to(root).as_posix())
+            data = p.read_bytes()
+            info.size = len(data)
+            info.mode = 0o755 if os.access(p, os.X_OK) else 0o644
+            info.mtime = 0
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def manifest(root: Path) -> dict:
+    """Every artifact with its size and hash (artifacts/manifest.json itself excluded)."""
+    arts = root / "artifacts"
+    items = []
+    if arts.is_dir():
+        for p in sorted(arts.rglob("*")):
+            if p.is_file() and not p.is_symlink() and p.name != "manifest.json":
+                h = hashlib.sha256()
+                with open(p, "rb") as fh:
+                    for chunk in iter(lambda: fh.read(1 << 20), b""):
+                        h.update(chunk)
+                items.append({"path": p.relative_to(root).as_posix(), "size": p.stat().st_size,
+                              "sha256": h.hexdigest()})
+    return {"artifacts": items}

@@ -1,0 +1,134 @@
+"""Commands that drive the loop: --once, plan, status, logs, config (and the daemon's entry)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from . import config as configs
+from . import status as statuses
+from .errors import UsageError
+
+
+def _cfg(args: argparse.Namespace, **flags) -> configs.Config:
+    repo = Path(getattr(args, "repo", None) or ".")
+    if not repo.is_dir():
+        raise UsageError(f"{repo}: no such directory")
+    return configs.load(str(repo), getattr(args, "config", None), flags)
+
+
+def run(name: str, args: argparse.Namespace) -> int:
+    if name == "once":
+        return cmd_once(args, dry_run=args.dry_run)
+    if name == "plan":
+        return cmd_once(args, dry_run=True)
+    if name == "status":
+        return cmd_status(args)
+    if name == "logs":
+        return cmd_logs(args)
+    if name == "config":
+        cfg = _cfg(args)
+        print(json.dumps(cfg.redacted(), indent=2, sort_keys=True))
+        return 0
+    if name == "provenance":
+        from .provenance import cmd_provenance
+
+        return cmd_provenance(args, _cfg(args))
+    if name == "daemon":
+        from .daemon import main as daemon_main
+
+        return daemon_main(args)
+    raise UsageError(f"unknown command {name}")
+
+
+def _require_specs(cfg: configs.Config) -> None:
+    if not (cfg.repo / "specs").is_dir() and not (cfg.repo / "execution_templates").is_dir():
+        raise UsageError(f"{cfg.repo}: no specs/ or execution_templates/ here (use --repo DIR)")
+
+
+def cmd_once(args: argparse.Namespace, dry_run: bool) -> int:
+    from .loop import Reconciler
+
+    flags = {}
+    if getattr(args, "no_commit", False):
+        flags["commit"] = False
+    cfg = _cfg(args, **flags)
+    _require_specs(cfg)
+    rec = Reconciler(cfg)
+    result = rec.run_pass(dry_run=dry_run)
+    if args.json:
+        out = result.plan.to_json()
+        if not dry_run:
+            out.update(written=result.written, transitions=result.transitions, commit=result.commit,
+                       outcomes=[{"name": o.name, "action": o.action, "ok": o.ok, "error": o.error,
+                                  "permanent": o.permanent} for o in result.outcomes])
+        out["diagnostics"] = [d.text() for d in result.desired.diagnostics]
+        print(json.dumps(out, indent=2, sort_keys=True))
+    else:
+        for d in result.desired.diagnostics:
+            print(d.text(), file=sys.stderr)
+        print(result.plan.text())
+        if not dry_run:
+            failed = [o for o in result.outcomes if not o.ok]
+            for o in failed:
+                kind = "permanent" if o.permanent else "will retry"
+                print(f"  error: {o.name}: {o.action} failed ({kind}): {o.error}")
+            if result.transitions:
+                print("\nStatus:")
+                for t in result.transitions:
+                    print(f"  {t}")
+            if result.commit:
+                print(f"\nCommitted {len(result.written)} status file(s) as {result.commit[:10]}.")
+            elif result.written:
+                print(f"\nWrote {len(result.written)} status file(s) (not committed).")
+    return 0
+
+
+def _age(text: str | None, now: float) -> str:
+    t = statuses.parse_iso(text)
+    if t is None:
+        return "-"
+    s = max(0, int(now - t))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s // size}{unit}"
+    return f"{s}s"
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    cfg = _cfg(args)
+    all_status = statuses.load_all(cfg.repo / "status")
+    if args.name:
+        st = all_status.get(args.name)
+        if st is None:
+            print(f"reconcile status: no status for run {args.name!r}", file=sys.stderr)
+            return 1
+        if args.json:
+            print(json.dumps(st.model_dump(mode="json", exclude_none=True), indent=2, sort_keys=True))
+        else:
+            print(statuses.dump(st), end="")
+        return 0
+    if args.json:
+        print(json.dumps({n: s.model_dump(mode="json", exclude_none=True) for n, s in all_status.items()},
+                         indent=2, sort_keys=True))
+        return 0
+    now = time.time()
+    rows = [("NAME", "PHASE", "GEN/ATT", "MACHINE", "AGE", "MESSAGE")]
+    for name, st in sorted(all_status.items()):
+        since = st.history[-1].time if st.history else st.observed_at
+        rows.append((name, st.phase, f"{st.generation}/{st.attempt}", st.handle.machine if st.handle else "-",
+                     _age(since, now), (st.message or "")[:80]))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    for r in rows:
+        print("  ".join(r[i].ljust(widths[i]) for i in range(5)) + "  " + r[5])
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from .logs import follow_logs
+
+    cfg = _cfg(args)
+    return follow_logs(cfg, args.name, args.stream, args.lines, args.follow)

@@ -1,0 +1,125 @@
+"""The reconciler's own configuration: defaults, then a file, then the environment, then flags.
+
+The file is YAML (``--config PATH``, else ``reconciler.yaml`` beside the repository's .git, if
+any); environment variables are ``RECONCILER_<KEY>`` (upper case). Secrets (the webhook secret)
+come only from the environment or a file outside the repository, and ``reconcile config`` prints
+them redacted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import UsageError
+
+REDACT = ("webhook_secret",)
+
+
+class Config(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    repo: Path = Field(default_factory=Path.cwd)
+    # Where this machine keeps run workspaces (the local execution plane). A sub-folder per
+    # repository keeps two repositories' runs apart on a shared machine.
+    workspace_root: str = "~/.reconciler/workspaces"
+    namespace: str | None = None
+    commit: bool = True
+    push: bool = True
+    remote: str = "origin"
+    branch: str | None = None
+    author_name: str = "reconciler"
+    author_email: str = "reconciler@localhost"
+    unreachable_grace: float = 300.0
+    terminate_grace: float = 10.0
+    ssh_connect_timeout: float = 5.0
+    ssh_command_timeout: float = 60.0
+    parallel_machines: int = 16
+    parallel_changes: int = 8
+    local_max_tasks: int | None = None
+    local_gpus: int | None = None  # None: count with NVML when available
+    docker_host: str | None = None
+    remote_cleanup: Literal["after_collect", "never"] = "after_collect"
+    poll_interval: float = 15.0
+    resync_interval: float = 30.0
+    debounce: float = 0.2
+    listen: str | None = None  # HOST:PORT for /healthz, /metrics and /hooks/git
+    webhook_secret: str | None = None
+    log_format: Literal["text", "json"] = "text"
+    push_retries: int = 5
+
+    def redacted(self) -> dict[str, Any]:
+        data = self.model_dump(mode="json")
+        for k in REDACT:
+            if data.get(k):
+                data[k] = "***"
+        return data
+
+    @property
+    def repo_namespace(self) -> str:
+        """A stable id for the repository: its origin URL's hash, else its path's."""
+        if self.namespace:
+            return self.namespace
+        url = _git(self.repo, "config", "--get", f"remote.{self.remote}.url") or str(self.repo.resolve())
+        return "r-" + hashlib.sha256(url.encode()).hexdigest()[:12]
+
+    @property
+    def local_root(self) -> str:
+        return os.path.join(os.path.expanduser(self.workspace_root), self.repo_namespace)
+
+    @property
+    def state_dir(self) -> Path:
+        return self.repo / ".reconciler"
+
+
+def _git(repo: Path, *args: str) -> str | None:
+    try:
+        p = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return p.stdout.strip() if p.returncode == 0 and p.stdout.strip() else None
+
+
+def _coerce(field: str, raw: str) -> Any:
+    ann = Config.model_fields[field].annotation
+    text = str(ann)
+    if ann is bool or text == "bool":
+        return raw.lower() in ("1", "true", "yes", "on")
+    return raw
+
+
+def load(repo: str | None = None, path: str | None = None, flags: dict[str, Any] | None = None) -> Config:
+    repo_path = Path(repo or ".").resolve()
+    data: dict[str, Any] = {}
+    file_path = Path(path) if path else repo_path / "reconciler.yaml"
+    if path and not file_path.is_file():
+        raise UsageError(f"{file_path}: no such configuration file")
+    if file_path.is_file():
+        from .spec import yamlsafe
+
+        try:
+            loaded = yamlsafe.located_load(yamlsafe.decode(file_path.read_bytes())).data
+        except yamlsafe.YamlProblem as p:
+            raise UsageError(f"{file_path}:{p.line}:{p.col}: {p.message}") from None
+        if not isinstance(loaded, dict):
+            raise UsageError(f"{file_path}:1:1: expected a mapping of settings")
+        data.update(loaded)
+    for field in Config.model_fields:
+        env = os.environ.get(f"RECONCILER_{field.upper()}")
+        if env is not None and field != "repo":
+            data[field] = _coerce(field, env)
+    for k, v in (flags or {}).items():
+        if v is not None:
+            data[k] = v
+    data["repo"] = repo_path
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise UsageError(f"configuration: {where}: {first['msg']}") from None

@@ -1,0 +1,34 @@
+"""Run identities: ``<name>-g<generation>-a<attempt>``.
+
+Everything a run creates on a machine (workspace folder, process group command line, container
+name and labels) carries its identity, so that a pass can always ask "does this instance already
+exist?" before creating it. That question, asked every time, is what makes launches idempotent
+across crashes and across reconciler hosts.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+IDENTITY = re.compile(r"^(?P<name>[a-z0-9]([-a-z0-9]*[a-z0-9])?)-g(?P<gen>[0-9]+)-a(?P<attempt>[0-9]+)$")
+
+
+class Identity(NamedTuple):
+    name: str
+    generation: int
+    attempt: int
+
+    def __str__(self) -> str:
+        return f"{self.name}-g{self.generation}-a{self.attempt}"
+
+
+def parse(text: str) -> Identity | None:
+    m = IDENTITY.match(text)
+    if not m:
+        return None
+    return Identity(m.group("name"), int(m.group("gen")), int(m.group("attempt")))
+
+
+def make(name: str, generation: int, attempt: int) -> str:
+    return f"{name}-g{generation}-a{attempt}"

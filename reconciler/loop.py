@@ -1,0 +1,120 @@
+"""One reconcile pass: load → observe → plan → apply → summarize → commit.
+
+Level-triggered: a pass looks at the whole world each time and relies on no memory of earlier
+passes beyond what git holds (specs and status files) and what the machines report. Running a pass
+twice, or after a crash at any point, converges to the same world without launching twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import gitops, status as statuses
+from .apply import ApplyContext, Outcome, apply
+from .config import Config
+from .observe import names_to_watch, observe
+from .observed import ObservedWorld
+from .plan import LOCAL, Plan, PlanSettings, make_plan
+from .spec.load import DesiredState, SpecCache, load_tree
+from .transports import TransportPool
+
+log = logging.getLogger("reconciler")
+
+
+@dataclass
+class PassResult:
+    desired: DesiredState
+    world: ObservedWorld
+    plan: Plan
+    outcomes: list[Outcome] = field(default_factory=list)
+    written: list[str] = field(default_factory=list)
+    transitions: list[str] = field(default_factory=list)
+    commit: str | None = None
+    duration: float = 0.0
+    retry_after: float | None = None  # the soonest a run asked to be looked at again
+
+
+def local_gpus(cfg: Config) -> int:
+    if cfg.local_gpus is not None:
+        return cfg.local_gpus
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVML: no GPUs here
+        return 0
+
+
+class Reconciler:
+    """Holds what may be reused between passes in one process: the spec cache and connections."""
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.cache = SpecCache()
+        self.repo = gitops.open_repo(cfg.repo)
+        self._gpus: int | None = None
+
+    def settings(self) -> PlanSettings:
+        if self._gpus is None:
+            self._gpus = local_gpus(self.cfg)
+        return PlanSettings(unreachable_grace=self.cfg.unreachable_grace, local_max_tasks=self.cfg.local_max_tasks,
+                            local_gpus=self._gpus)
+
+    def run_pass(self, dry_run: bool = False, commit: bool | None = None, now: float | None = None) -> PassResult:
+        t0 = time.perf_counter()
+        cfg = self.cfg
+        now = time.time() if now is None else now
+        desired = load_tree(cfg.repo, self.cache)
+        status_dir = cfg.repo / "status"
+        previous = statuses.load_all(status_dir)
+        pool = TransportPool(cfg, desired)
+        try:
+            machines = pool.machines(previous)
+            world = observe(machines, pool.get, names_to_watch(desired, previous), previous, now,
+                            cfg.parallel_machines)
+            plan = make_plan(desired, world, previous, now, self.settings())
+            result = PassResult(desired, world, plan)
+            if dry_run:
+                result.duration = time.perf_counter() - t0
+                return result
+            spec_commit = gitops.head(self.repo)
+            ctx = ApplyContext(repo=cfg.repo, desired=desired, transport_for=pool.get, spec_commit=spec_commit,
+                               terminate_grace=cfg.terminate_grace, remote_cleanup=cfg.remote_cleanup,
+                               parallel=cfg.parallel_changes, machine_python=pool.python_for)
+            result.outcomes = apply(plan, ctx)
+        finally:
+            pool.close()
+        by_name = {o.name: o for o in result.outcomes}
+        for change in plan.changes:
+            if change.phase is None:
+                continue
+            prev = previous.get(change.name)
+            obs = world.find(change.identity) if change.identity else None
+            new = statuses.summarize(prev, change, by_name.get(change.name), obs, now, spec_commit)
+            if statuses.same_ignoring_time(prev, new):
+                continue
+            new.observed_at = statuses.iso(now)
+            if statuses.write_if_changed(status_dir, new):
+                result.written.append(change.name)
+                before = prev.phase if prev else "-"
+                if before != new.phase or (prev and (prev.attempt, prev.generation) != (new.attempt, new.generation)):
+                    ident = change.identity or ""
+                    result.transitions.append(f"{change.name}: {before} → {new.phase} [{ident}] {change.reason}"[:300])
+        waits = [c.retry_after for c in plan.changes if c.retry_after]
+        result.retry_after = min(waits) if waits else None
+        do_commit = cfg.commit if commit is None else commit
+        if do_commit and self.repo is not None:
+            message = gitops.transitions_message(result.transitions)
+            result.commit = gitops.commit_status(self.repo, message, gitops.Author(cfg.author_name, cfg.author_email))
+        result.duration = time.perf_counter() - t0
+        return result
+
+
+__all__ = ["Reconciler", "PassResult", "LOCAL", "Path"]

@@ -1,0 +1,82 @@
+"""Observe: ask every machine, in parallel and with per-host timeouts, what its runs are doing.
+
+One agent call per machine reports all of its workspaces. A machine that fails to answer is marked
+unreachable, not empty: its runs are Unknown until a grace period passes. The moment it stopped
+answering is read back from the status files' MachineReachable condition, so the grace clock
+survives a reconciler restart or a move to another VM.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+from .errors import PermanentError, ReconcilerError
+from .observed import ObservedMachine, ObservedRun, ObservedWorld
+from .spec.load import DesiredState
+from .status import TERMINAL, RunStatus, parse_iso
+
+RUN_STATES = ("running", "succeeded", "failed", "terminated", "lost")
+
+
+def names_to_watch(desired: DesiredState, previous: dict[str, RunStatus]) -> list[str]:
+    names = set(desired.runs)
+    names.update(n for n, s in previous.items() if s.phase not in TERMINAL)
+    return sorted(names)
+
+
+def unreachable_since(previous: dict[str, RunStatus], machine: str) -> float | None:
+    times = []
+    for st in previous.values():
+        if st.handle is None or st.handle.machine != machine:
+            continue
+        c = st.condition("MachineReachable")
+        if c is not None and c.status == "False":
+            t = parse_iso(c.last_transition)
+            if t is not None:
+                times.append(t)
+    return min(times) if times else None
+
+
+def observe(machines: list[str], transport_for: Callable[[str], object], names: list[str],
+            previous: dict[str, RunStatus], now: float, parallel: int = 16) -> ObservedWorld:
+    world = ObservedWorld(at=now)
+
+    def one(name: str) -> ObservedMachine:
+        m = ObservedMachine(name)
+        try:
+            t = transport_for(name)
+            report = t.agent({"op": "probe", "names": names})
+            m.round_trips = getattr(t, "round_trips", 1)
+        except ReconcilerError as e:
+            m.reachable, m.error = False, str(e)
+            m.unreachable_since = unreachable_since(previous, name) or now
+            m.permanent = isinstance(e, PermanentError)  # type: ignore[attr-defined]
+            return m
+        except Exception as e:  # noqa: BLE001 - a probe failure must never stop the pass
+            m.reachable, m.error = False, f"{type(e).__name__}: {e}"
+            m.unreachable_since = unreachable_since(previous, name) or now
+            return m
+        if report.get("error"):
+            m.error = report["error"]
+        for ident, r in report.get("runs", {}).items():
+            state = r.get("state")
+            if state not in RUN_STATES:
+                continue
+            m.runs[ident] = ObservedRun(
+                identity=ident, machine=name, state=state, exit_code=r.get("exit_code"),
+                finished_at=r.get("finished_at"), started_at=r.get("started_at"),
+                heartbeat_age=r.get("heartbeat_age"), pid=r.get("pid"), container=r.get("container"),
+                workspace=r.get("workspace"), gpus=list(r.get("gpus") or []), collected=bool(r.get("collected")),
+                message=r.get("message", ""), progress=r.get("progress"),
+            )
+        return m
+
+    if len(machines) == 1:
+        results = [one(machines[0])]
+    else:
+        with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(machines)))) as pool:
+            results = list(pool.map(one, machines))
+    for m in results:
+        world.machines[m.name] = m
+    return world

@@ -1,0 +1,421 @@
+"""The planner: desired state + observed state + previous status → a Plan. Pure.
+
+Nothing here touches a network, a process or git (a test enforces it), so a plan can be computed
+from fixtures, printed, stored, and compared. Each change carries an action, the phase the run
+reaches if the change applies, a machine-readable reason code and a human reason.
+
+The rules, per run:
+- a new spec launches generation 1, attempt 1; a changed spec digest bumps the generation and
+  replaces whatever still runs of the old one;
+- a removed spec, or ``desiredState: Stopped``, terminates every live instance (status kept,
+  phase Terminated);
+- a failure with retries left relaunches as attempt + 1 once the backoff has passed; without
+  retries left the run is Failed; a success is collected and never relaunched;
+- an instance found running that the status does not know (a crash between launch and commit) is
+  adopted, never launched again; an instance that is not the current identity is fenced;
+- a machine that does not answer is not dead: its runs wait, and only after the grace period are
+  they declared lost and relaunched elsewhere; the old instance is fenced when it comes back;
+- an invalid spec marks its run Invalid with the validation message and touches nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from .identity import make, parse
+from .observed import ObservedRun, ObservedWorld
+from .spec.load import DesiredState, RunEntry
+from .spec.models import Fleet
+from .spec.resolve import effective
+from .status import TERMINAL, RunStatus, parse_iso
+
+ACTIONS = ("launch", "relaunch", "terminate", "collect", "mark_invalid", "wait", "adopt", "none")
+SYMBOL = {"launch": "+", "relaunch": "~", "terminate": "-", "collect": ">", "mark_invalid": "!", "wait": ".",
+          "adopt": "=", "none": " "}
+LOCAL = "local"
+
+
+@dataclass
+class Kill:
+    machine: str
+    identity: str
+    workspace: str | None = None
+
+
+@dataclass
+class Change:
+    name: str
+    action: str
+    code: str  # machine-readable reason: NewRun, SpecChanged, BackOff, NoCapacity, ...
+    reason: str
+    phase: str | None  # the phase after a successful apply; None leaves the status alone
+    generation: int = 0
+    attempt: int = 0
+    identity: str | None = None
+    machine: str | None = None
+    backend: str | None = None
+    workspace: str | None = None
+    gpus: list[int] = field(default_factory=list)
+    kill: list[Kill] = field(default_factory=list)
+    retry_after: float | None = None
+    exit_code: int | None = None
+    spec_digest: str | None = None
+    spec_path: str | None = None
+    resume_from: str | None = None  # identity of the attempt whose checkpoints a relaunch resumes
+
+    @property
+    def mutates(self) -> bool:
+        return self.action in ("launch", "relaunch", "terminate", "collect") or bool(self.kill)
+
+
+@dataclass
+class Plan:
+    changes: list[Change] = field(default_factory=list)
+    at: float = 0.0
+
+    def for_run(self, name: str) -> Change | None:
+        return next((c for c in self.changes if c.name == name and c.phase is not None), None)
+
+    def summary(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for c in self.changes:
+            out[c.action] = out.get(c.action, 0) + 1
+        return out
+
+    def to_json(self) -> dict:
+        return {"at": self.at, "summary": self.summary(), "changes": [asdict(c) for c in self.changes]}
+
+    def text(self, verbose: bool = False) -> str:
+        shown = [c for c in self.changes if verbose or c.action != "none"]
+        if not shown:
+            return "No changes. The machines match the repository."
+        width = max(len(c.name) for c in shown)
+        lines = [f"Reconcile plan: {len(shown)} change(s)", ""]
+        for c in shown:
+            where = c.identity or ""
+            if c.machine and c.action in ("launch", "relaunch", "adopt", "collect"):
+                where += f" on {c.machine}"
+            if c.kill:
+                where += (" " if where else "") + "(stop " + ", ".join(k.identity for k in c.kill) + ")"
+            if c.retry_after is not None:
+                where += (" " if where else "") + f"(retry in {c.retry_after:.0f}s)"
+            lines.append(f"  {SYMBOL[c.action]} {c.action:<12} {c.name:<{width}}  {where}")
+            lines.append(f"      {' ' * 12} {'':<{width}}  {c.code}: {c.reason}")
+        counts = self.summary()
+        lines += ["", "Plan: " + ", ".join(f"{n} {a}" for a, n in sorted(counts.items()) if a != "none") + "."]
+        return "\n".join(lines)
+
+
+@dataclass
+class PlanSettings:
+    unreachable_grace: float = 300.0
+    local_max_tasks: int | None = None
+    local_gpus: int = 0
+    machine_roots: dict[str, str] = field(default_factory=dict)  # machine → workspace root (for display)
+
+
+# ---------------------------------------------------------------- capacity
+
+
+@dataclass
+class Slot:
+    name: str
+    placement: str
+    fleet: str | None
+    max_tasks: int | None
+    gpu_types: dict[int, str] = field(default_factory=dict)  # index → type
+    tasks: int = 0
+    used_gpus: set[int] = field(default_factory=set)
+    reachable: bool = True
+
+    def why_not(self, gpu_count: int, gpu_type: str | None) -> str | None:
+        if not self.reachable:
+            return "unreachable"
+        if self.max_tasks == 0:
+            return "drained (max_tasks 0)"
+        if self.max_tasks is not None and self.tasks >= self.max_tasks:
+            return f"{self.tasks}/{self.max_tasks} tasks"
+        free = [i for i, t in sorted(self.gpu_types.items())
+                if i not in self.used_gpus and (gpu_type is None or t.lower() == gpu_type.lower())]
+        if len(free) < gpu_count:
+            kind = f" {gpu_type}" if gpu_type else ""
+            return f"{len(free)} free{kind} GPU(s) of {gpu_count} wanted"
+        return None
+
+    def take(self, gpu_count: int, gpu_type: str | None) -> list[int]:
+        free = [i for i, t in sorted(self.gpu_types.items())
+                if i not in self.used_gpus and (gpu_type is None or t.lower() == gpu_type.lower())]
+        got = free[:gpu_count]
+        self.used_gpus.update(got)
+        self.tasks += 1
+        return got
+
+
+def _slots(desired: DesiredState, world: ObservedWorld, settings: PlanSettings) -> dict[str, Slot]:
+    slots: dict[str, Slot] = {
+        LOCAL: Slot(LOCAL, "local", None, settings.local_max_tasks,
+                    {i: "local" for i in range(settings.local_gpus)})
+    }
+    for fleet in desired.fleets.values():
+        for m in fleet.spec.machines:
+            types: dict[int, str] = {}
+            for g in m.resources.gpus:
+                for _ in range(g.count):
+                    types[len(types)] = g.type
+            slots[m.name] = Slot(m.name, "ssh", fleet.metadata.name, m.max_tasks, types)
+    for name, obs in world.machines.items():
+        slot = slots.get(name)
+        if slot is None:
+            continue
+        slot.reachable = obs.reachable
+        for r in obs.runs.values():
+            if r.alive:
+                slot.tasks += 1
+                slot.used_gpus.update(r.gpus)
+    return slots
+
+
+def _candidates(slots: dict[str, Slot], placement: str, target: str | None, fleets: dict[str, Fleet]) -> list[Slot]:
+    if placement == "local":
+        return [slots[LOCAL]]
+    out = []
+    for s in slots.values():
+        if s.placement != "ssh":
+            continue
+        if target is None or s.fleet == target or s.name == target:
+            out.append(s)
+    return sorted(out, key=lambda s: s.name)
+
+
+# ---------------------------------------------------------------- the plan
+
+
+def make_plan(desired: DesiredState, world: ObservedWorld, previous: dict[str, RunStatus], now: float,
+              settings: PlanSettings | None = None) -> Plan:
+    settings = settings or PlanSettings()
+    plan = Plan(at=now)
+    slots = _slots(desired, world, settings)
+    names = sorted(set(desired.runs) | set(desired.invalid) | set(previous))
+    # Runs already holding a slot keep it; launches are placed in name order for stable plans.
+    for name in names:
+        prev = previous.get(name)
+        if name in desired.invalid and name not in desired.runs:
+            plan.changes.append(_invalid(name, desired.invalid[name], prev))
+            continue
+        entry = desired.runs.get(name)
+        if entry is None or entry.run.spec.desiredState == "Stopped":
+            plan.changes.append(_stop(name, entry, prev, world))
+            continue
+        plan.changes.extend(_running(name, entry, prev, world, desired, slots, settings, now))
+    plan.changes.extend(_fences(plan, world, desired))
+    return plan
+
+
+def _invalid(name: str, message: str, prev: RunStatus | None) -> Change:
+    gen = prev.generation if prev else 0
+    att = prev.attempt if prev else 0
+    if prev and prev.phase == "Invalid" and prev.message == message:
+        return Change(name, "none", "SpecInvalid", "still invalid", "Invalid", gen, att)
+    return Change(name, "mark_invalid", "SpecInvalid", message, "Invalid", gen, att)
+
+
+def _alive(world: ObservedWorld, name: str) -> list[ObservedRun]:
+    return [r for r in world.instances(name) if r.alive]
+
+
+def _stop(name: str, entry: RunEntry | None, prev: RunStatus | None, world: ObservedWorld) -> Change:
+    why = "spec removed" if entry is None else "desiredState: Stopped"
+    code = "SpecRemoved" if entry is None else "Stopped"
+    gen = prev.generation if prev else (1 if entry else 0)
+    att = prev.attempt if prev else 0
+    digest = entry.digest if entry else None
+    path = entry.rel if entry else None
+    alive = _alive(world, name)
+    if alive:
+        kills = [Kill(r.machine, r.identity, r.workspace) for r in alive]
+        return Change(name, "terminate", code, f"{why}: stopping {', '.join(r.identity for r in alive)}",
+                      "Terminated", gen, att, kill=kills, spec_digest=digest, spec_path=path)
+    if prev is not None and prev.phase in TERMINAL:
+        return Change(name, "none", code, f"{why}; nothing running", prev.phase, gen, att,
+                      spec_digest=prev.spec.digest, spec_path=prev.spec.path)
+    unknown = _on_unreachable(world, prev)
+    if unknown:
+        return Change(name, "wait", "MachineUnreachable",
+                      f"{why}, but {unknown} does not answer; it is stopped when it is back",
+                      prev.phase if prev else "Unknown", gen, att, spec_digest=digest, spec_path=path)
+    return Change(name, "terminate", code, f"{why}; nothing was running", "Terminated", gen, att,
+                  spec_digest=digest, spec_path=path)
+
+
+def _on_unreachable(world: ObservedWorld, prev: RunStatus | None) -> str | None:
+    if prev is None or prev.handle is None or prev.handle.machine is None:
+        return None
+    m = world.machines.get(prev.handle.machine)
+    if m is not None and not m.reachable and prev.phase not in TERMINAL:
+        return prev.handle.machine
+    return None
+
+
+def _running(name: str, entry: RunEntry, prev: RunStatus | None, world: ObservedWorld, desired: DesiredState,
+             slots: dict[str, Slot], settings: PlanSettings, now: float) -> list[Change]:
+    run = entry.run
+    policy = run.spec.restartPolicy
+    same_spec = prev is not None and prev.generation > 0 and prev.spec.digest == entry.digest
+    gen = prev.generation if same_spec else (prev.generation + 1 if prev else 1)
+    attempt = prev.attempt if (same_spec and prev.attempt) else 1
+    instances = world.instances(name)
+    for r in instances:  # an attempt launched by a pass whose status never reached git
+        p = parse(r.identity)
+        if p and p.generation == gen and p.attempt > attempt:
+            attempt = p.attempt
+    ident = make(name, gen, attempt)
+    obs = world.find(ident)
+    stale = [Kill(r.machine, r.identity, r.workspace) for r in instances if r.alive and r.identity != ident]
+    base = dict(generation=gen, attempt=attempt, spec_digest=entry.digest, spec_path=entry.rel)
+    changed = prev is not None and prev.generation > 0 and not same_spec
+
+    def launch(next_attempt: int, code: str, why: str, resume_from: str | None = None) -> Change:
+        return _place(name, entry, desired, slots, make(name, gen, next_attempt), code, why, stale,
+                      dict(base, attempt=next_attempt), prev, resume_from)
+
+    handle_ident = prev.handle.identity if prev and prev.handle else None
+    if obs is None:
+        unknown = _on_unreachable(world, prev)
+        if unknown and handle_ident == ident:
+            since = world.machines[unknown].unreachable_since or now
+            left = settings.unreachable_grace - (now - since)
+            if left > 0:
+                return [Change(name, "wait", "MachineUnreachable",
+                               f"{unknown} does not answer ({world.machines[unknown].error or 'no reply'}); "
+                               f"{ident} is not declared lost for another {left:.0f}s",
+                               prev.phase, retry_after=min(left, 60.0), identity=ident, machine=unknown, **base)]
+            return _after_failure(name, entry, prev, ident, None, f"lost: {unknown} unreachable for "
+                                  f"{now - since:.0f}s", now, launch, base, policy, lost=True)
+        if same_spec and prev is not None and prev.phase in TERMINAL and prev.attempt == attempt:
+            return [Change(name, "none", "Done", f"{prev.phase.lower()}; nothing to do", prev.phase,
+                           exit_code=prev.exit_code, identity=ident, **base)]
+        if handle_ident == ident and prev is not None and prev.phase not in ("Pending",):
+            return _after_failure(name, entry, prev, ident, None, "lost: the workspace is gone from its machine",
+                                  now, launch, base, policy, lost=True)
+        if changed:
+            return [launch(1, "SpecChanged", f"spec changed ({_short(prev.spec.digest)} → {_short(entry.digest)}): "
+                                             f"generation {prev.generation} → {gen}")]
+        return [launch(attempt, "NewRun" if prev is None or prev.generation == 0 else "Launch",
+                       "new run" if prev is None else "not running yet")]
+
+    if obs.state == "running":
+        if prev is None or prev.phase != "Running" or handle_ident != ident:
+            c = Change(name, "adopt", "Adopted", f"found {ident} running on {obs.machine}; adopting it", "Running",
+                       identity=ident, machine=obs.machine, workspace=obs.workspace, gpus=list(obs.gpus), kill=stale,
+                       **base)
+            c.backend = _backend(entry, desired)
+            return [c]
+        return [Change(name, "none" if not stale else "terminate", "Running" if not stale else "Fenced",
+                       "running" if not stale else "stopping stale instances", "Running", identity=ident,
+                       machine=obs.machine, kill=stale, **base)]
+
+    if obs.state == "succeeded":
+        if obs.collected and prev is not None and prev.phase == "Succeeded" and handle_ident == ident:
+            return [Change(name, "none", "Done", "succeeded", "Succeeded", identity=ident, exit_code=0, **base)]
+        return [Change(name, "collect", "Succeeded", f"{ident} succeeded (exit 0)", "Succeeded", identity=ident,
+                       machine=obs.machine, workspace=obs.workspace, exit_code=0, kill=stale, backend=_backend(entry, desired),
+                       **base)]
+
+    why = {"failed": f"{ident} failed (exit {obs.exit_code})",
+           "terminated": f"{ident} was terminated from outside (exit {obs.exit_code})",
+           "lost": f"{ident} is lost: no process and no result" + (f" ({obs.message})" if obs.message else "")}
+    return _after_failure(name, entry, prev, ident, obs, why.get(obs.state, obs.state), now, launch, base, policy,
+                          lost=obs.state == "lost")
+
+
+def _after_failure(name, entry, prev, ident, obs, why, now, launch, base, policy, lost=False) -> list[Change]:
+    attempt = base["attempt"]
+    exit_code = obs.exit_code if obs is not None else None
+    retries_used = attempt - 1
+    if retries_used < policy.maxRetries:
+        finished = (obs.finished_at if obs is not None and obs.finished_at else None)
+        if finished is None and prev is not None and prev.history:
+            finished = parse_iso(prev.history[-1].time)
+        finished = finished or now
+        left = finished + policy.backoffSeconds - now
+        resume = ident if getattr(entry.run.spec.task, "resume", "never") == "auto" else None
+        if left > 0:
+            c = Change(name, "wait", "BackOff",
+                       f"{why}; retry {retries_used + 1}/{policy.maxRetries} in {left:.0f}s", "Pending",
+                       retry_after=left, identity=ident, exit_code=exit_code, **base)
+            if obs is not None and not obs.collected:
+                c.action, c.machine, c.workspace = "collect", obs.machine, obs.workspace
+                c.backend = _backend_for(entry)
+            return [c]
+        return [launch(attempt + 1, "Relaunch", f"{why}; retry {retries_used + 1}/{policy.maxRetries}",
+                       resume_from=resume)]
+    phase = "Failed"
+    if obs is not None and not obs.collected:
+        return [Change(name, "collect", "Failed", f"{why}; no retries left", phase, identity=ident,
+                       machine=obs.machine, workspace=obs.workspace, exit_code=exit_code, backend=_backend_for(entry),
+                       **base)]
+    if prev is not None and prev.phase == phase and prev.attempt == attempt:
+        return [Change(name, "none", "Done", "failed; no retries left", phase, identity=ident,
+                       exit_code=prev.exit_code, **base)]
+    return [Change(name, "none" if obs is not None else "collect", "Failed", f"{why}; no retries left", phase,
+                   identity=ident, exit_code=exit_code, **base)]
+
+
+def _backend_for(entry: RunEntry) -> str | None:
+    return None  # filled by _backend when the template is known
+
+
+def _backend(entry: RunEntry, desired: DesiredState) -> str | None:
+    t = desired.templates.get(entry.run.spec.template)
+    return t.backend_key if t else None
+
+
+def _place(name, entry, desired, slots, ident, code, why, stale, base, prev, resume_from) -> Change:
+    template = desired.templates[entry.run.spec.template]
+    eff = effective(entry.run, template)
+    res = eff.resources
+    candidates = _candidates(slots, eff.placement, eff.target, desired.fleets)
+    action = "relaunch" if (stale or code in ("Relaunch", "SpecChanged")) else "launch"
+    if not candidates:
+        return Change(name, "wait", "NoMachine", f"no machine matches target {eff.target!r}", "Pending",
+                      identity=ident, kill=stale, retry_after=60.0, **base)
+    reasons = []
+    for slot in sorted(candidates, key=lambda s: (s.tasks, s.name)):
+        problem = slot.why_not(res.gpu_count, res.gpu_type)
+        if problem is None:
+            gpus = slot.take(res.gpu_count, res.gpu_type)
+            return Change(name, action, code, why, "Running", identity=ident, machine=slot.name,
+                          backend=eff.backend, gpus=gpus, kill=stale, resume_from=resume_from, **base)
+        reasons.append(f"{slot.name}: {problem}")
+    return Change(name, "wait", "NoCapacity", "no capacity: " + "; ".join(reasons), "Pending",
+                  identity=ident, kill=stale, retry_after=30.0, **base)
+
+
+def _fences(plan: Plan, world: ObservedWorld, desired: DesiredState) -> list[Change]:
+    """Live instances no change accounts for: an old attempt that came back, a foreign leftover."""
+    covered = set()
+    for c in plan.changes:
+        covered.update(k.identity for k in c.kill)
+        if c.identity and c.action in ("adopt", "none", "collect", "launch", "relaunch"):
+            covered.add(c.identity)
+    out = []
+    for m in world.machines.values():
+        if not m.reachable:
+            continue
+        for ident, r in sorted(m.runs.items()):
+            if r.alive and ident not in covered:
+                p = parse(ident)
+                out.append(Change(p.name if p else ident, "terminate", "Fenced",
+                                  f"{ident} is alive on {m.name} but is not the run's current instance",
+                                  None, p.generation if p else 0, p.attempt if p else 0,
+                                  kill=[Kill(m.name, ident, r.workspace)]))
+    return out
+
+
+def _short(digest: str | None) -> str:
+    return (digest or "none").removeprefix("sha256:")[:8]
+
+
+def dumps(plan: Plan) -> str:
+    return json.dumps(plan.to_json(), indent=2, sort_keys=True)

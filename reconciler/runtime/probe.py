@@ -1,0 +1,328 @@
+"""The machine agent: one call reports every run workspace on a machine, as JSON; it also stops runs.
+
+Observing must cost one round trip per machine per pass, however many runs it holds, so this
+script does all the looking on the machine itself: it lists the workspace root, reads each
+interesting workspace's ``runtime/`` files, scans ``/proc`` once for live process groups, asks
+docker once about every container, and prints one JSON document. The reconciler runs it in-process
+for this machine and sends its source over SSH (``python3 -``) for others. Standard library only:
+it runs with whatever python3 the execution plane has.
+
+Which workspaces are reported: those of the run names asked for (any generation or attempt), and
+every workspace without a result (a process that may still be alive, possibly an orphan to fence).
+Finished workspaces of other runs are skipped, so a machine with years of history stays cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+IDENTITY = re.compile(r"^(?P<name>[a-z0-9]([-a-z0-9]*[a-z0-9])?)-g(?P<gen>[0-9]+)-a(?P<attempt>[0-9]+)$")
+TAIL_BYTES = 8192
+
+
+def _read(path, limit=65536):
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(limit).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def _process_groups():
+    """pgid → list of (pid, environ-mentions) for live (non-zombie) processes we may look at."""
+    groups = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return groups
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        stat = _read(f"/proc/{entry}/stat", 4096)
+        if not stat:
+            continue
+        # comm may contain spaces and parentheses: fields start after the last ')'.
+        rest = stat[stat.rfind(")") + 2:].split()
+        if len(rest) < 3 or rest[0] in ("Z", "X"):
+            continue
+        groups.setdefault(int(rest[2]), []).append(int(entry))
+    return groups
+
+
+def _mentions(pid, identity):
+    needle = identity.encode()
+    for name in ("cmdline", "environ"):
+        try:
+            with open(f"/proc/{pid}/{name}", "rb") as fh:
+                if needle in fh.read():
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def _group_alive(groups, pgid, identity):
+    members = groups.get(pgid) or []
+    return any(_mentions(pid, identity) for pid in members)
+
+
+def _docker_states(names):
+    if not names:
+        return {}
+    try:
+        proc = subprocess.run(
+            ["docker", "inspect", "--type", "container", "--format",
+             '{{.Name}} {{.State.Status}} {{.State.ExitCode}} {{.State.Running}}'] + sorted(names),
+            capture_output=True, text=True, timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"__error__": str(e)}
+    out = {}
+    for line in proc.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 4:
+            out[parts[0].lstrip("/")] = {"status": parts[1], "exit_code": int(parts[2]), "running": parts[3] == "true"}
+    return out
+
+
+def _progress(ws):
+    """The last line of ms-swift's logging.jsonl, if the run writes one (searched two levels deep)."""
+    base = os.path.join(ws, "artifacts", "output")
+    best = None
+    for dirpath, dirnames, filenames in _walk(base, 2):
+        if "logging.jsonl" in filenames:
+            p = os.path.join(dirpath, "logging.jsonl")
+            try:
+                m = os.stat(p).st_mtime
+            except OSError:
+                continue
+            if best is None or m > best[0]:
+                best = (m, p)
+    if best is None:
+        return None
+    try:
+        with open(best[1], "rb") as fh:
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(0, size - TAIL_BYTES))
+            lines = fh.read().decode("utf-8", "replace").strip().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            return {"last": rec, "updated_at": best[0]}
+    return None
+
+
+def _walk(base, depth):
+    if depth < 0 or not os.path.isdir(base):
+        return
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return
+    yield base, [e.name for e in entries if e.is_dir()], [e.name for e in entries if e.is_file()]
+    for e in entries:
+        if e.is_dir():
+            yield from _walk(e.path, depth - 1)
+
+
+def probe(root, names=None, now=None):
+    now = time.time() if now is None else now
+    root = os.path.expanduser(root)
+    names = set(names or ())
+    result = {"now": now, "root": root, "host": os.uname().nodename, "runs": {}}
+    try:
+        entries = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return result
+    except OSError as e:
+        result["error"] = f"cannot list {root}: {e}"
+        return result
+    groups = None
+    pending_docker = {}
+    for entry in entries:
+        m = IDENTITY.match(entry)
+        if not m:
+            continue
+        ws = os.path.join(root, entry)
+        rt = os.path.join(ws, "runtime")
+        result_text = _read(os.path.join(rt, "result.json"))
+        if m.group("name") not in names and result_text is not None:
+            continue
+        run = {"workspace": ws, "collected": os.path.exists(os.path.join(rt, "collected"))}
+        job = _read(os.path.join(ws, "job.json"))
+        if job:
+            try:
+                run["gpus"] = json.loads(job).get("payload", {}).get("gpus", [])
+            except ValueError:
+                pass
+        started = _read(os.path.join(rt, "started_at"))
+        if started and started.strip().isdigit():
+            run["started_at"] = float(started.strip())
+        try:
+            run["heartbeat_age"] = round(now - os.stat(os.path.join(rt, "heartbeat")).st_mtime, 3)
+        except OSError:
+            pass
+        container = _read(os.path.join(rt, "container"))
+        if result_text is not None:
+            try:
+                res = json.loads(result_text)
+                run["state"] = res.get("state", "failed")
+                run["exit_code"] = res.get("exit_code")
+                run["finished_at"] = res.get("finished_ts")
+            except ValueError:
+                run["state"], run["message"] = "failed", "runtime/result.json is not valid JSON"
+        elif container:
+            run["container"] = container.strip()
+            pending_docker[run["container"]] = (entry, run)
+        else:
+            pid_text = _read(os.path.join(rt, "pid"))
+            if pid_text and pid_text.strip().isdigit():
+                run["pid"] = int(pid_text.strip())
+                if groups is None:
+                    groups = _process_groups()
+                run["state"] = "running" if _group_alive(groups, run["pid"], entry) else "lost"
+            else:
+                launched = _read(os.path.join(rt, "launched_at"))
+                # Launched moments ago and the wrapper has not written its pid yet: still starting.
+                young = launched and launched.strip().replace(".", "", 1).isdigit() and now - float(launched) < 30
+                run["state"] = "running" if young else "lost"
+                if not young:
+                    run["message"] = "no pid and no result: the launch never started"
+        if m.group("name") in names and run.get("state") in ("succeeded", "failed") and not run["collected"]:
+            prog = _progress(ws)
+            if prog:
+                run["progress"] = prog
+        elif m.group("name") in names and run.get("state") in ("running", None):
+            prog = _progress(ws)
+            if prog:
+                run["progress"] = prog
+        result["runs"][entry] = run
+    if pending_docker:
+        states = _docker_states(pending_docker)
+        err = states.pop("__error__", None)
+        for cname, (entry, run) in pending_docker.items():
+            st = states.get(cname)
+            if st is None:
+                # No container and no result: gone (removed, or the daemon lost it).
+                run["state"] = "unknown" if err else "lost"
+                run["message"] = err or "container not found and no result"
+            elif st["running"]:
+                run["state"] = "running"
+            else:
+                # Exited without the wrapper writing a result (killed, OOM): trust docker's code.
+                run["state"] = "failed"
+                run["exit_code"] = st["exit_code"]
+                run["message"] = f"container {st['status']} without a result (exit {st['exit_code']})"
+    return result
+
+
+def _write_result(ws, state, code, message):
+    rt = os.path.join(ws, "runtime")
+    os.makedirs(rt, exist_ok=True)
+    tmp = os.path.join(rt, "result.json.tmp")
+    with open(tmp, "w") as fh:
+        json.dump({"state": state, "exit_code": code, "finished_ts": time.time(), "message": message}, fh)
+    os.replace(tmp, os.path.join(rt, "result.json"))
+
+
+def terminate(ws, identity, grace=10.0):
+    """Stop an instance and everything it started; idempotent. Returns what it found and did.
+
+    Host processes: SIGTERM to the process group (the wrapper records "terminated"), then SIGKILL
+    to whatever is left after the grace period. Only a group whose members carry the identity is
+    signalled, so a recycled pid is never hit. Containers: docker stop, then docker rm -f.
+    """
+    ws = os.path.expanduser(ws)
+    rt = os.path.join(ws, "runtime")
+    out = {"identity": identity, "was_alive": False}
+    container = _read(os.path.join(rt, "container"))
+    if container:
+        name = container.strip()
+        st = _docker_states([name]).get(name)
+        out["was_alive"] = bool(st and st.get("running"))
+        subprocess.run(["docker", "stop", "-t", str(int(grace)), name], capture_output=True, timeout=grace + 30)
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=60)
+    else:
+        pid_text = _read(os.path.join(rt, "pid"))
+        if pid_text and pid_text.strip().isdigit():
+            pgid = int(pid_text.strip())
+            if _group_alive(_process_groups(), pgid, identity):
+                out["was_alive"] = True
+                _signal(pgid, 15)
+                deadline = time.time() + grace
+                while time.time() < deadline and _group_alive(_process_groups(), pgid, identity):
+                    time.sleep(0.05)
+                if _group_alive(_process_groups(), pgid, identity):
+                    _signal(pgid, 9)
+                    out["killed"] = True
+                    deadline = time.time() + 5
+                    while time.time() < deadline and _group_alive(_process_groups(), pgid, identity):
+                        time.sleep(0.05)
+    if os.path.isdir(ws) and not os.path.exists(os.path.join(rt, "result.json")):
+        _write_result(ws, "terminated", 137 if out.get("killed") else 143, "terminated by the reconciler")
+    try:
+        os.remove(os.path.join(rt, "secrets.env"))
+    except OSError:
+        pass
+    return out
+
+
+def _signal(pgid, sig):
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def finish(ws, remove=False):
+    """After collection: forget the container, mark the workspace collected (or remove it)."""
+    ws = os.path.expanduser(ws)
+    rt = os.path.join(ws, "runtime")
+    container = _read(os.path.join(rt, "container"))
+    if container:
+        subprocess.run(["docker", "rm", "-f", container.strip()], capture_output=True, timeout=60)
+    try:
+        os.remove(os.path.join(rt, "secrets.env"))
+    except OSError:
+        pass
+    if remove:
+        import shutil
+
+        shutil.rmtree(ws, ignore_errors=True)
+        return {"removed": True}
+    if os.path.isdir(rt):
+        with open(os.path.join(rt, "collected"), "w") as fh:
+            fh.write(str(time.time()))
+    return {"removed": False}
+
+
+def dispatch(args):
+    op = args.get("op", "probe")
+    if op == "probe":
+        return probe(args.get("root", "."), args.get("names"))
+    if op == "terminate":
+        return terminate(args["workspace"], args["identity"], float(args.get("grace", 10)))
+    if op == "finish":
+        return finish(args["workspace"], bool(args.get("remove")))
+    raise SystemExit(f"unknown op {op!r}")
+
+
+def main(argv):
+    args = json.loads(argv[1]) if len(argv) > 1 else {}
+    print(json.dumps(dispatch(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,299 @@
+"""Status files: the reconciler's record of what it saw and did, one YAML file per run.
+
+Status is lenient on read (unknown keys from a newer reconciler are ignored, a broken file reads
+as "no status") and deterministic on write (fixed key order, no timestamps that change unless the
+status changed), so an unchanged status is byte-identical and makes no commit.
+
+This module is also the one place that computes conditions: ``summarize`` turns a plan's change
+and its outcome into the next status.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from ruamel.yaml import YAML
+
+HISTORY_LIMIT = 20
+PHASES = ("Pending", "Provisioning", "Starting", "Running", "Succeeded", "Failed", "Terminated", "Invalid", "Unknown")
+TERMINAL = ("Succeeded", "Failed", "Terminated")
+
+
+class Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class SpecRef(Lenient):
+    digest: str | None = None
+    commit: str | None = None
+    path: str | None = None
+
+
+class Handle(Lenient):
+    backend: str | None = None
+    machine: str | None = None
+    identity: str | None = None
+    workspace: str | None = None
+    pid: int | None = None
+    container: str | None = None
+    gpus: list[int] = Field(default_factory=list)
+    launched_at: str | None = None
+
+
+class Condition(Lenient):
+    type: str
+    status: str  # "True" | "False" | "Unknown"
+    reason: str = ""
+    message: str = ""
+    last_transition: str = ""
+
+
+class Transition(Lenient):
+    time: str
+    phase: str
+    generation: int = 0
+    attempt: int = 0
+    reason: str = ""
+
+
+class RunStatus(Lenient):
+    name: str
+    phase: str = "Pending"
+    generation: int = 0
+    attempt: int = 0
+    spec: SpecRef = Field(default_factory=SpecRef)
+    handle: Handle | None = None
+    exit_code: int | None = None
+    message: str = ""
+    retry_at: str | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    history: list[Transition] = Field(default_factory=list)
+    artifacts: list[dict[str, Any]] = Field(default_factory=list)
+    progress: dict[str, Any] | None = None
+    provenance: dict[str, Any] | None = None
+    observed_at: str | None = None
+
+    def condition(self, type_: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_iso(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        try:
+            return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+
+
+# ---------------------------------------------------------------- files
+
+_ORDER = ["apiVersion", "kind", "name", "phase", "generation", "attempt", "message", "exit_code", "retry_at",
+          "spec", "handle", "conditions", "progress", "artifacts", "provenance", "history", "observed_at"]
+
+
+def _yaml() -> YAML:
+    y = YAML(typ="safe", pure=True)
+    y.default_flow_style = False
+    y.sort_base_mapping_type_on_output = False  # keep our order
+    y.width = 4096
+    return y
+
+
+def dump(status: RunStatus) -> str:
+    data = status.model_dump(mode="json", exclude_none=True)
+    ordered: dict[str, Any] = {"apiVersion": "reconciler/v1", "kind": "RunStatus"}
+    for key in _ORDER[2:]:
+        if key in data and data[key] not in ([], {}, ""):
+            ordered[key] = data[key]
+    buf = io.StringIO()
+    buf.write("# Written by the reconciler. Do not edit: it is rewritten on every change.\n")
+    _yaml().dump(ordered, buf)
+    return buf.getvalue()
+
+
+def load_all(status_dir: Path) -> dict[str, RunStatus]:
+    """Every readable status file; a file that cannot be read counts as absent (and is rewritten)."""
+    out: dict[str, RunStatus] = {}
+    if not status_dir.is_dir():
+        return out
+    y = _yaml()
+    for path in sorted(status_dir.glob("*.yaml")):
+        try:
+            data = y.load(path.read_text(encoding="utf-8"))
+            if isinstance(data, dict):
+                st = RunStatus.model_validate(data)
+                if st.name == path.stem:
+                    out[st.name] = st
+        except (OSError, ValueError, ValidationError, Exception):  # noqa: BLE001 - lenient on read
+            continue
+    return out
+
+
+def write_if_changed(status_dir: Path, status: RunStatus) -> bool:
+    """Atomically write a status file; return whether its bytes changed."""
+    status_dir.mkdir(parents=True, exist_ok=True)
+    path = status_dir / f"{status.name}.yaml"
+    text = dump(status)
+    try:
+        if path.read_text(encoding="utf-8") == text:
+            return False
+    except OSError:
+        pass
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return True
+
+
+# ---------------------------------------------------------------- conditions and transitions
+
+
+def set_condition(st: RunStatus, type_: str, status: str, reason: str, message: str, now: float) -> None:
+    """Set a condition; its last_transition moves only when its status flips."""
+    cur = st.condition(type_)
+    if cur is None:
+        st.conditions.append(Condition(type=type_, status=status, reason=reason, message=message, last_transition=iso(now)))
+        st.conditions.sort(key=lambda c: c.type)
+        return
+    if cur.status != status:
+        cur.last_transition = iso(now)
+    cur.status, cur.reason, cur.message = status, reason, message
+
+
+def clear_condition(st: RunStatus, type_: str) -> None:
+    st.conditions = [c for c in st.conditions if c.type != type_]
+
+
+def record(st: RunStatus, phase: str, reason: str, now: float) -> None:
+    """Move to a phase; a history entry is added when phase, generation or attempt changes."""
+    last = st.history[-1] if st.history else None
+    if last is None or (last.phase, last.generation, last.attempt) != (phase, st.generation, st.attempt):
+        st.history.append(Transition(time=iso(now), phase=phase, generation=st.generation, attempt=st.attempt,
+                                     reason=reason[:200]))
+        st.history = st.history[-HISTORY_LIMIT:]
+    st.phase = phase
+
+
+def same_ignoring_time(a: RunStatus | None, b: RunStatus) -> bool:
+    if a is None:
+        return False
+    return a.model_dump(exclude={"observed_at"}) == b.model_dump(exclude={"observed_at"})
+
+
+def now() -> float:
+    return time.time()
+
+
+# ---------------------------------------------------------------- summarize
+
+
+def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_commit: str | None,
+              machine_error: str | None = None) -> RunStatus:
+    """The next status of one run, from its change, the change's outcome and what was observed.
+
+    ``change`` is a plan.Change, ``outcome`` an apply.Outcome or None (nothing was done), ``obs`` the
+    observed instance of the current identity or None. One reason per change: the change's.
+    """
+    st = prev.model_copy(deep=True) if prev is not None else RunStatus(name=change.name)
+    new_generation = change.generation != st.generation
+    st.generation, st.attempt = change.generation, change.attempt
+    if change.spec_digest:
+        if st.spec.digest != change.spec_digest or new_generation:
+            st.spec.commit = spec_commit
+        st.spec.digest, st.spec.path = change.spec_digest, change.spec_path
+
+    failed = outcome is not None and not outcome.ok
+    if failed:
+        if outcome.permanent:
+            st.exit_code = None
+            record(st, "Failed", outcome.error, now)
+            st.message = outcome.error
+            set_condition(st, "Ready", "False", "LaunchFailed" if change.action in ("launch", "relaunch") else "Error",
+                          outcome.error, now)
+        else:
+            phase = st.phase if change.action not in ("launch", "relaunch") else "Pending"
+            record(st, phase, f"{change.action} failed: {outcome.error}", now)
+            st.message = f"{change.action} failed, will retry: {outcome.error}"
+            set_condition(st, "Ready", "False", "RetryableError", outcome.error, now)
+    elif change.phase is not None:
+        if change.action in ("launch", "relaunch", "adopt") and (outcome is None or outcome.ok):
+            launched = outcome.launched if outcome is not None else None
+            ws = (launched.workspace if launched else None) or change.workspace
+            if change.action == "adopt" or launched is not None:
+                keep_time = st.handle is not None and st.handle.identity == change.identity and st.handle.launched_at
+                st.handle = Handle(
+                    backend=change.backend, machine=change.machine, identity=change.identity, workspace=ws,
+                    pid=(launched.pid if launched else None) or (obs.pid if obs else None),
+                    container=(launched.container if launched else None) or (obs.container if obs else None),
+                    gpus=list(change.gpus), launched_at=st.handle.launched_at if keep_time else iso(now),
+                )
+            st.exit_code = None
+            st.retry_at = None
+            if launched is not None and launched.adopted:
+                reason = f"{change.reason} (found {change.identity} already running: adopted)"
+            else:
+                reason = change.reason
+            record(st, change.phase, reason, now)
+            st.message = reason
+        elif change.action == "none":
+            st.phase = change.phase if st.phase != change.phase else st.phase
+            if not st.history:
+                record(st, change.phase, change.reason, now)
+        else:
+            record(st, change.phase, change.reason, now)
+            st.message = change.reason
+        if change.exit_code is not None or change.phase in ("Succeeded", "Failed"):
+            st.exit_code = change.exit_code if change.exit_code is not None else st.exit_code
+        st.retry_at = iso(now + change.retry_after) if change.code == "BackOff" and change.retry_after else None
+        if st.handle is not None and obs is not None and obs.pid and st.handle.identity == obs.identity:
+            st.handle.pid = st.handle.pid or obs.pid
+        _conditions(st, change, now, machine_error)
+    if outcome is not None and outcome.ok and outcome.manifest is not None:
+        arts = outcome.manifest.get("artifacts", [])
+        st.artifacts = [{"path": a["path"], "size": a["size"]} for a in arts[:30]]
+        if len(arts) > 30:
+            st.artifacts.append({"path": f"... {len(arts) - 30} more (see artifacts/manifest.json)", "size": 0})
+        if outcome.manifest.get("provenance"):
+            st.provenance = outcome.manifest["provenance"]
+    if obs is not None and obs.progress:
+        st.progress = obs.progress
+    return st
+
+
+def _conditions(st: RunStatus, change, now: float, machine_error: str | None) -> None:
+    code = change.code
+    if change.phase == "Invalid":
+        set_condition(st, "SpecValid", "False", "ValidationFailed", change.reason, now)
+        return
+    set_condition(st, "SpecValid", "True", "Valid", "", now)
+    if code == "MachineUnreachable":
+        set_condition(st, "MachineReachable", "False", "Unreachable", change.reason, now)
+    elif st.handle is not None and change.action != "wait":
+        set_condition(st, "MachineReachable", "True", "Reachable", "", now)
+    if code == "NoCapacity" or code == "NoMachine":
+        set_condition(st, "Scheduled", "False", code, change.reason, now)
+    elif change.machine:
+        set_condition(st, "Scheduled", "True", "Placed", f"on {change.machine}", now)
+    phase = change.phase
+    if phase == "Running":
+        set_condition(st, "Ready", "True", "Running", "", now)
+    elif phase == "Succeeded":
+        set_condition(st, "Ready", "False", "Succeeded", "", now)
+    elif phase in ("Failed", "Terminated"):
+        set_condition(st, "Ready", "False", code, change.reason, now)
+    elif phase == "Pending":
+        set_condition(st, "Ready", "False", code, change.reason, now)

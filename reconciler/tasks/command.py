@@ -1,0 +1,13 @@
+"""``type: command``: run an argv as is, no shell, from the bundle's root."""
+
+from __future__ import annotations
+
+from . import RenderContext, Rendered, quote_argv, register
+
+HEADER = "#!/bin/sh\n# Rendered by the reconciler from the run's task; do not edit.\nset -e\n"
+
+
+@register("command")
+def render(task, ctx: RenderContext) -> Rendered:
+    body = HEADER + f"cd \"$RECONCILER_BUNDLE\"\nexec {quote_argv(task.argv)}\n"
+    return Rendered(entrypoint=body, env=dict(task.env))

@@ -1,0 +1,141 @@
+"""Every malformed input in tests/spec/corpus/ through the real command line.
+
+Each case is a small repository (cases.yaml says what it holds and what must be reported). The test
+copies it to a temporary folder, does the case's setup step (a symlink or a big file: neither belongs
+in git), runs ``python -m reconciler validate --repo CASE`` in a subprocess and checks the exit code,
+every expected ``file:line:col: message`` and the absence of a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+
+CORPUS = Path(__file__).parent / "corpus"
+CASES: dict = yaml.safe_load((CORPUS / "cases.yaml").read_text(encoding="utf-8"))
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def validate(repo: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run(
+        [sys.executable, "-m", "reconciler", "validate", "--repo", str(repo), *extra],
+        capture_output=True, text=True, timeout=60, env=env, cwd=repo,
+    )
+
+
+def prepare(name: str, tmp: Path) -> Path:
+    repo = tmp / "repo"
+    shutil.copytree(CORPUS / name, repo, ignore=shutil.ignore_patterns(".gitkeep"))
+    setup = CASES[name].get("setup")
+    if setup == "symlink-escape":
+        outside = tmp / "outside.txt"
+        outside.write_text("not in the repository\n")
+        (repo / "data" / "escape").symlink_to(outside)
+    elif setup == "oversized":
+        (repo / "specs").mkdir(exist_ok=True)
+        # A valid head and 1.1 MB of comments: only the size is wrong.
+        (repo / "specs" / "huge.yaml").write_text("apiVersion: reconciler/v1\nkind: Run\n" + "# padding\n" * 110_000)
+    elif setup is not None:
+        raise AssertionError(f"unknown setup {setup!r} in cases.yaml")
+    return repo
+
+
+def test_corpus_is_complete() -> None:
+    folders = {p.name for p in CORPUS.iterdir() if p.is_dir()}
+    assert folders == set(CASES), f"folders without a case: {folders - set(CASES)}; cases without a folder: {set(CASES) - folders}"
+    assert len(CASES) >= 45
+    for name, case in CASES.items():
+        assert case.get("expect"), f"{name}: no expected diagnostics"
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess]:
+    """Every case's run, started in parallel: one interpreter start per case is most of the cost."""
+    repos = {name: prepare(name, tmp_path_factory.mktemp(name)) for name in CASES}
+    with ThreadPoolExecutor(max_workers=min(16, (os.cpu_count() or 2) * 2)) as pool:
+        futures = {name: pool.submit(validate, repo) for name, repo in repos.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_case(name: str, results: dict[str, subprocess.CompletedProcess]) -> None:
+    r = results[name]
+    assert "Traceback" not in r.stdout and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert r.returncode == 1, f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    lines = [ln for ln in r.stdout.splitlines() if not re.match(r"^\d+ error\(s\) in", ln)]
+    expected = CASES[name]["expect"]
+    for e in expected:
+        where = f"{e['file']}:{e['line']}:{e['col']}: " if e["line"] else f"{e['file']}: "
+        hits = [ln for ln in lines if ln.startswith(where) and e["message"] in ln]
+        assert hits, f"expected {where}...{e['message']}...\ngot:\n{r.stdout}"
+    # Nothing beyond what the case expects: a spurious error is a bug too.
+    assert len(lines) == len(expected), f"expected {len(expected)} diagnostic(s), got:\n{r.stdout}"
+    assert re.search(rf"^{len(expected)} error\(s\) in \d+ file\(s\)", r.stdout, re.M), r.stdout
+
+
+@pytest.mark.parametrize("name", ["yaml-duplicate-key", "template-itself-invalid", "oversized-file"])
+def test_github_format(name: str, tmp_path: Path) -> None:
+    repo = prepare(name, tmp_path)
+    r = validate(repo, "--format", "github")
+    assert r.returncode == 1 and "Traceback" not in r.stderr + r.stdout
+    lines = r.stdout.splitlines()
+    expected = CASES[name]["expect"]
+    assert len(lines) == len(expected), r.stdout
+    for line, e in zip(lines, expected):
+        m = re.fullmatch(r"::error file=([^,:]+)(?:,line=(\d+),col=(\d+))?::(.+)", line)
+        assert m, f"not a GitHub annotation: {line!r}"
+        assert m.group(1) == e["file"]
+        if e["line"]:
+            assert (int(m.group(2)), int(m.group(3))) == (e["line"], e["col"])
+        else:
+            assert m.group(2) is None
+        assert e["message"] in m.group(4)
+        assert "\n" not in m.group(4)
+
+
+def test_json_format(tmp_path: Path) -> None:
+    name = "template-itself-invalid"
+    repo = prepare(name, tmp_path)
+    r = validate(repo, "--format", "json")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    doc = json.loads(r.stdout)
+    assert set(doc) == {"valid", "files_checked", "errors"}
+    assert doc["valid"] is False
+    assert doc["files_checked"] == 2
+    expected = CASES[name]["expect"]
+    assert [(e["path"], e["line"], e["col"]) for e in doc["errors"]] == [(e["file"], e["line"], e["col"]) for e in expected]
+    for got, e in zip(doc["errors"], expected):
+        assert set(got) == {"path", "line", "col", "message"}
+        assert e["message"] in got["message"]
+
+
+def test_all_cases_in_one_repository_are_independent(tmp_path: Path) -> None:
+    """One malformed file never hides another's errors: the YAML-level cases, merged into one tree,
+    report exactly the union of their diagnostics."""
+    repo = tmp_path / "repo"
+    (repo / "execution_templates").mkdir(parents=True)
+    shutil.copy(CORPUS / "yaml-syntax-error" / "execution_templates" / "local-host.yaml", repo / "execution_templates")
+    want = []
+    for name in sorted(CASES):
+        if not name.startswith("yaml-"):
+            continue
+        for src in (CORPUS / name / "specs").rglob("*.yaml"):
+            dst = repo / src.relative_to(CORPUS / name)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, dst)
+        want += CASES[name]["expect"]
+    r = validate(repo)
+    assert r.returncode == 1 and "Traceback" not in r.stdout + r.stderr
+    for e in want:
+        assert f"{e['file']}:{e['line']}:{e['col']}: " in r.stdout, e
+    assert re.search(rf"^{len(want)} error\(s\)", r.stdout, re.M), r.stdout
