@@ -8,6 +8,7 @@ twice, or after a crash at any point, converges to the same world without launch
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,8 @@ from .spec.load import DesiredState, SpecCache, load_tree
 from .transports import TransportPool
 
 log = logging.getLogger("reconciler")
+# For crash-safety tests only: set to "apply" and the process exits abruptly right after apply.
+CRASH_HOOK = "RECONCILER_TEST_CRASH_AFTER"
 
 
 @dataclass
@@ -58,6 +61,7 @@ class Reconciler:
     def __init__(self, cfg: Config):
         self.cfg = cfg
         self.cache = SpecCache()
+        self.status_cache = statuses.StatusCache()
         self.repo = gitops.open_repo(cfg.repo)
         self._gpus: int | None = None
 
@@ -73,7 +77,7 @@ class Reconciler:
         now = time.time() if now is None else now
         desired = load_tree(cfg.repo, self.cache)
         status_dir = cfg.repo / "status"
-        previous = statuses.load_all(status_dir)
+        previous = statuses.load_all(status_dir, self.status_cache)
         pool = TransportPool(cfg, desired)
         try:
             machines = pool.machines(previous)
@@ -89,6 +93,9 @@ class Reconciler:
                                terminate_grace=cfg.terminate_grace, remote_cleanup=cfg.remote_cleanup,
                                parallel=cfg.parallel_changes, machine_python=pool.python_for)
             result.outcomes = apply(plan, ctx)
+            if os.environ.get(CRASH_HOOK) == "apply":
+                # Test hook: die like kill -9 between launching and writing or committing status.
+                os._exit(137)
         finally:
             pool.close()
         by_name = {o.name: o for o in result.outcomes}

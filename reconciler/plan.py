@@ -291,13 +291,13 @@ def _running(name: str, entry: RunEntry, prev: RunStatus | None, world: Observed
                                f"{ident} is not declared lost for another {left:.0f}s",
                                prev.phase, retry_after=min(left, 60.0), identity=ident, machine=unknown, **base)]
             return _after_failure(name, entry, prev, ident, None, f"lost: {unknown} unreachable for "
-                                  f"{now - since:.0f}s", now, launch, base, policy, lost=True)
+                                  f"{now - since:.0f}s", now, launch, base, policy, lost_at=since + settings.unreachable_grace)
         if same_spec and prev is not None and prev.phase in TERMINAL and prev.attempt == attempt:
             return [Change(name, "none", "Done", f"{prev.phase.lower()}; nothing to do", prev.phase,
                            exit_code=prev.exit_code, identity=ident, **base)]
         if handle_ident == ident and prev is not None and prev.phase not in ("Pending",):
             return _after_failure(name, entry, prev, ident, None, "lost: the workspace is gone from its machine",
-                                  now, launch, base, policy, lost=True)
+                                  now, launch, base, policy)
         if changed:
             return [launch(1, "SpecChanged", f"spec changed ({_short(prev.spec.digest)} → {_short(entry.digest)}): "
                                              f"generation {prev.generation} → {gen}")]
@@ -325,19 +325,27 @@ def _running(name: str, entry: RunEntry, prev: RunStatus | None, world: Observed
     why = {"failed": f"{ident} failed (exit {obs.exit_code})",
            "terminated": f"{ident} was terminated from outside (exit {obs.exit_code})",
            "lost": f"{ident} is lost: no process and no result" + (f" ({obs.message})" if obs.message else "")}
-    return _after_failure(name, entry, prev, ident, obs, why.get(obs.state, obs.state), now, launch, base, policy,
-                          lost=obs.state == "lost")
+    return _after_failure(name, entry, prev, ident, obs, why.get(obs.state, obs.state), now, launch, base, policy)
 
 
-def _after_failure(name, entry, prev, ident, obs, why, now, launch, base, policy, lost=False) -> list[Change]:
+def _failed_at(obs: ObservedRun | None, prev: RunStatus | None, lost_at: float | None) -> float:
+    """When the instance ended, for the backoff: its result, else when it was declared lost, else
+    the last recorded transition, else its start. Never 'now': a clock that moves with every pass
+    would push the relaunch back for ever."""
+    for t in (obs.finished_at if obs is not None else None, lost_at,
+              parse_iso(prev.history[-1].time) if prev is not None and prev.history else None,
+              obs.started_at if obs is not None else None):
+        if t:
+            return float(t)
+    return 0.0
+
+
+def _after_failure(name, entry, prev, ident, obs, why, now, launch, base, policy, lost_at=None) -> list[Change]:
     attempt = base["attempt"]
     exit_code = obs.exit_code if obs is not None else None
     retries_used = attempt - 1
     if retries_used < policy.maxRetries:
-        finished = (obs.finished_at if obs is not None and obs.finished_at else None)
-        if finished is None and prev is not None and prev.history:
-            finished = parse_iso(prev.history[-1].time)
-        finished = finished or now
+        finished = _failed_at(obs, prev, lost_at)
         left = finished + policy.backoffSeconds - now
         resume = ident if getattr(entry.run.spec.task, "resume", "never") == "auto" else None
         if left > 0:
@@ -346,24 +354,18 @@ def _after_failure(name, entry, prev, ident, obs, why, now, launch, base, policy
                        retry_after=left, identity=ident, exit_code=exit_code, **base)
             if obs is not None and not obs.collected:
                 c.action, c.machine, c.workspace = "collect", obs.machine, obs.workspace
-                c.backend = _backend_for(entry)
             return [c]
         return [launch(attempt + 1, "Relaunch", f"{why}; retry {retries_used + 1}/{policy.maxRetries}",
                        resume_from=resume)]
     phase = "Failed"
     if obs is not None and not obs.collected:
         return [Change(name, "collect", "Failed", f"{why}; no retries left", phase, identity=ident,
-                       machine=obs.machine, workspace=obs.workspace, exit_code=exit_code, backend=_backend_for(entry),
-                       **base)]
+                       machine=obs.machine, workspace=obs.workspace, exit_code=exit_code, **base)]
     if prev is not None and prev.phase == phase and prev.attempt == attempt:
         return [Change(name, "none", "Done", "failed; no retries left", phase, identity=ident,
                        exit_code=prev.exit_code, **base)]
-    return [Change(name, "none" if obs is not None else "collect", "Failed", f"{why}; no retries left", phase,
-                   identity=ident, exit_code=exit_code, **base)]
-
-
-def _backend_for(entry: RunEntry) -> str | None:
-    return None  # filled by _backend when the template is known
+    return [Change(name, "none", "Failed", f"{why}; no retries left", phase, identity=ident, exit_code=exit_code,
+                   **base)]
 
 
 def _backend(entry: RunEntry, desired: DesiredState) -> str | None:
@@ -397,7 +399,7 @@ def _fences(plan: Plan, world: ObservedWorld, desired: DesiredState) -> list[Cha
     covered = set()
     for c in plan.changes:
         covered.update(k.identity for k in c.kill)
-        if c.identity and c.action in ("adopt", "none", "collect", "launch", "relaunch"):
+        if c.identity and c.phase is not None:
             covered.add(c.identity)
     out = []
     for m in world.machines.values():

@@ -1,0 +1,171 @@
+"""Helpers for tests that drive the reconciler against a real temporary git repository."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import git
+
+from reconciler import config as configs
+from reconciler import status as statuses
+from reconciler.loop import Reconciler
+
+LOCAL_HOST = """\
+apiVersion: reconciler/v1
+kind: ExecutionTemplate
+id: local-host
+placement: {kind: local}
+launch_mode: {kind: host_process}
+allow_overrides: [resources, runtime_env]
+"""
+
+
+def run_spec(name: str, argv: list[str], max_retries: int = 0, backoff: float = 0, extra: str = "",
+             template: str = "local-host", desired: str = "Running") -> str:
+    args = ", ".join('"' + a.replace("\\", "\\\\").replace('"', '\\"') + '"' for a in argv)
+    return textwrap.dedent(f"""\
+        apiVersion: reconciler/v1
+        kind: Run
+        metadata:
+          name: {name}
+        spec:
+          template: {template}
+          desiredState: {desired}
+          task:
+            type: command
+            argv: [{args}]
+          restartPolicy:
+            maxRetries: {max_retries}
+            backoffSeconds: {backoff}
+        """) + extra
+
+
+def make_repo(root: Path, runs: dict[str, str] | None = None, templates: dict[str, str] | None = None) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    repo = git.Repo.init(root, initial_branch="main")
+    with repo.config_writer() as cw:
+        cw.set_value("user", "name", "Test User")
+        cw.set_value("user", "email", "user@example.invalid")
+    (root / "execution_templates").mkdir(exist_ok=True)
+    for tid, text in (templates or {"local-host": LOCAL_HOST}).items():
+        (root / "execution_templates" / f"{tid}.yaml").write_text(text)
+    (root / "specs" / "runs").mkdir(parents=True, exist_ok=True)
+    for name, text in (runs or {}).items():
+        (root / "specs" / "runs" / f"{name}.yaml").write_text(text)
+    (root / ".gitignore").write_text(".reconciler/\n")
+    repo.git.add("-A")
+    repo.git.commit("-m", "initial specs")
+    return root
+
+
+def commit_all(root: Path, message: str) -> None:
+    repo = git.Repo(root)
+    repo.git.add("-A")
+    repo.git.commit("-m", message)
+
+
+def reconciler(root: Path, ws_root: Path, **flags) -> Reconciler:
+    base = {"workspace_root": str(ws_root), "namespace": "test", "terminate_grace": 3.0}
+    base.update(flags)
+    return Reconciler(configs.load(str(root), flags=base))
+
+
+def status_of(root: Path, name: str) -> statuses.RunStatus | None:
+    return statuses.load_all(root / "status").get(name)
+
+
+def wait_for(cond, timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def pass_until(rec: Reconciler, name: str, phase: str, timeout: float = 30.0):
+    """Run passes until the run reaches a phase; return its status."""
+
+    def check():
+        rec.run_pass()
+        st = status_of(rec.cfg.repo, name)
+        return st if st is not None and st.phase == phase else None
+
+    return wait_for(check, timeout=timeout, interval=0.1, what=f"{name} to reach {phase}")
+
+
+def workspace(ws_root: Path, identity: str) -> Path:
+    return ws_root / "test" / identity
+
+
+def result_of(ws_root: Path, identity: str) -> dict | None:
+    import json
+
+    p = workspace(ws_root, identity) / "runtime" / "result.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def pgid_of(ws_root: Path, identity: str) -> int:
+    return int((workspace(ws_root, identity) / "runtime" / "pid").read_text())
+
+
+def processes_with(text: str) -> list[int]:
+    """Live (non-zombie) pids whose environment or command line mentions ``text``."""
+    pids = []
+    needle = text.encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read().decode()
+            if stat[stat.rfind(")") + 2:].split()[0] in ("Z", "X"):
+                continue
+            found = False
+            for part in ("cmdline", "environ"):
+                with open(f"/proc/{entry}/{part}", "rb") as fh:
+                    if needle in fh.read():
+                        found = True
+                        break
+            if found and int(entry) != os.getpid():
+                pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+def group_alive(pgid: int) -> bool:
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read().decode()
+        except OSError:
+            continue
+        rest = stat[stat.rfind(")") + 2:].split()
+        if rest[0] not in ("Z", "X") and int(rest[2]) == pgid:
+            return True
+    return False
+
+
+def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def reconcile_cli(root: Path, *args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "reconciler", *args, "--repo", str(root)], capture_output=True,
+                          text=True, env=full_env, timeout=timeout)
