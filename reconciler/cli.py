@@ -45,6 +45,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 only.update(f.resolve() for f in list(p.rglob("*.yaml")) + list(p.rglob("*.yml")))
             else:
                 only.add(p.resolve())
+        if not only:
+            print(f"reconcile validate: no .yaml files under {', '.join(map(str, paths))}", file=sys.stderr)
+            return 2
     elif not (root / "specs").is_dir() and not (root / "execution_templates").is_dir():
         print(f"reconcile validate: {root}: no specs/ or execution_templates/ here (use --repo DIR)", file=sys.stderr)
         return 2

@@ -33,6 +33,7 @@ class ObservedRun:
     collected: bool = False
     message: str = ""
     progress: dict[str, Any] | None = None
+    permanent: bool = False  # the run itself says retrying cannot help (e.g. its precheck refused it)
 
     @property
     def alive(self) -> bool:
@@ -53,23 +54,34 @@ class ObservedMachine:
 class ObservedWorld:
     machines: dict[str, ObservedMachine] = field(default_factory=dict)
     at: float = 0.0
+    _by_name: dict[str, list[ObservedRun]] | None = field(default=None, repr=False, compare=False)
+    _by_identity: dict[str, ObservedRun] | None = field(default=None, repr=False, compare=False)
 
-    def find(self, identity: str) -> ObservedRun | None:
-        for m in self.machines.values():
-            r = m.runs.get(identity)
-            if r is not None:
-                return r
-        return None
-
-    def instances(self, name: str) -> list[ObservedRun]:
-        """Every observed instance of a run, any generation or attempt, on reachable machines."""
-        out = []
+    def _index(self) -> None:
+        # Built once, on first lookup, after observation has filled the machines: planning
+        # thousands of runs must not scan every machine for every run.
+        by_name: dict[str, list[ObservedRun]] = {}
+        by_identity: dict[str, ObservedRun] = {}
         for m in self.machines.values():
             for ident, r in m.runs.items():
+                by_identity.setdefault(ident, r)
                 p = parse(ident)
-                if p is not None and p.name == name:
-                    out.append(r)
-        return sorted(out, key=lambda r: r.identity)
+                if p is not None:
+                    by_name.setdefault(p.name, []).append(r)
+        for runs in by_name.values():
+            runs.sort(key=lambda r: r.identity)
+        self._by_name, self._by_identity = by_name, by_identity
+
+    def find(self, identity: str) -> ObservedRun | None:
+        if self._by_identity is None:
+            self._index()
+        return self._by_identity.get(identity)
+
+    def instances(self, name: str) -> list[ObservedRun]:
+        """Every observed instance of a run, any generation or attempt."""
+        if self._by_name is None:
+            self._index()
+        return list(self._by_name.get(name, ()))
 
     def unreachable(self) -> dict[str, ObservedMachine]:
         return {n: m for n, m in self.machines.items() if not m.reachable}

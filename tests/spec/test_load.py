@@ -1,0 +1,235 @@
+"""Loading a repository: every error of every file, located; cross-file checks; the parse cache."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from reconciler.spec import load
+from reconciler.spec.checks import input_problem, secret_values
+from reconciler.spec.load import Locator, SpecCache, dotted, load_file, load_tree, run_digest
+
+TEMPLATE = """\
+apiVersion: reconciler/v1
+kind: ExecutionTemplate
+id: local-host
+placement:
+  kind: local
+launch_mode:
+  kind: host_process
+allow_overrides: [resources]
+"""
+
+
+def run_text(name: str, template: str = "local-host", extra: str = "") -> str:
+    return (f"apiVersion: reconciler/v1\nkind: Run\nmetadata:\n  name: {name}\nspec:\n  template: {template}\n"
+            f"  task:\n    type: command\n    argv: [echo, {name}]\n{extra}")
+
+
+FLEET = """\
+apiVersion: reconciler/v1
+kind: Fleet
+metadata:
+  name: lab
+spec:
+  known_hosts: /etc/ssh/known_hosts
+  machines:
+    - name: m1
+      ssh: {host: 10.0.0.1, user: u, identity_file: ~/.ssh/key}
+"""
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    write(tmp_path, "execution_templates/local-host.yaml", TEMPLATE)
+    write(tmp_path, "specs/runs/a.yaml", run_text("a"))
+    write(tmp_path, "specs/team/b.yaml", run_text("b"))
+    write(tmp_path, "specs/fleets/lab.yaml", FLEET)
+    return tmp_path
+
+
+def write(root: Path, rel: str, text: str | bytes) -> Path:
+    p = root / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(text.encode() if isinstance(text, str) else text)
+    return p
+
+
+def test_valid_tree(repo: Path) -> None:
+    d = load_tree(repo)
+    assert d.diagnostics == []
+    assert set(d.runs) == {"a", "b"} and set(d.templates) == {"local-host"} and set(d.fleets) == {"lab"}
+    assert d.runs["b"].rel == os.path.join("specs", "team", "b.yaml")
+    assert d.runs["a"].digest.startswith("sha256:")
+    assert d.invalid == {}
+
+
+def test_every_file_is_checked_and_one_bad_file_hides_nothing(repo: Path) -> None:
+    write(repo, "specs/runs/a.yaml", run_text("a") + "  bogus: 1\n")
+    write(repo, "specs/runs/c.yaml", "kind: [\n")
+    write(repo, "specs/runs/d.yaml", run_text("d", template="nope"))
+    d = load_tree(repo)
+    by_file = {x.path: x for x in d.diagnostics}
+    assert set(by_file) == {"specs/runs/a.yaml", "specs/runs/c.yaml", "specs/runs/d.yaml"}
+    assert "unknown key 'bogus'" in by_file["specs/runs/a.yaml"].message
+    assert (by_file["specs/runs/a.yaml"].line, by_file["specs/runs/a.yaml"].col) == (10, 3)
+    assert "template 'nope' not found" in by_file["specs/runs/d.yaml"].message
+    assert set(d.runs) == {"b"}
+    # Invalid runs keep a name (for their status file) and their first message.
+    assert set(d.invalid) == {"a", "c", "d"}
+    assert "bogus" in d.invalid["a"]
+    assert d.diagnostics == sorted(d.diagnostics)
+
+
+def test_invalid_template_invalidates_its_runs_not_others(repo: Path) -> None:
+    write(repo, "execution_templates/other.yaml", TEMPLATE.replace("local-host", "other").replace("host_process", "vm"))
+    write(repo, "specs/runs/c.yaml", run_text("c", template="other"))
+    d = load_tree(repo)
+    assert {x.path for x in d.diagnostics} == {"execution_templates/other.yaml", "specs/runs/c.yaml"}
+    assert set(d.runs) == {"a", "b"}
+    assert "local-host" in d.templates and "other" not in d.templates
+
+
+def test_only_limits_reports_but_not_checks(repo: Path) -> None:
+    write(repo, "specs/runs/bad.yaml", run_text("bad", template="nope"))
+    a = repo / "specs/runs/a.yaml"
+    assert load_tree(repo, only={a}).diagnostics == []
+    write(repo, "execution_templates/local-host.yaml", TEMPLATE.replace("id: local-host", "id: renamed"))
+    d = load_tree(repo, only={a})
+    # a.yaml's template is now invalid elsewhere; the report names only a.yaml, and its reference dangles.
+    assert [x.path for x in d.diagnostics] == ["specs/runs/a.yaml"]
+    assert "template 'local-host' is invalid" in d.diagnostics[0].message
+
+
+def test_only_empty_reports_nothing(repo: Path) -> None:
+    write(repo, "specs/runs/bad.yaml", run_text("bad", template="nope"))
+    assert load_tree(repo, only=set()).diagnostics == []
+
+
+def test_only_a_file_outside_the_tree(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    elsewhere = write(tmp_path_factory.mktemp("x"), "loose.yaml", run_text("loose", template="nope"))
+    d = load_tree(repo, only={elsewhere})
+    assert len(d.diagnostics) == 1
+    assert "template 'nope' not found" in d.diagnostics[0].message
+
+
+def test_cache_parses_unchanged_files_once(repo: Path) -> None:
+    cache = SpecCache()
+    load_tree(repo, cache=cache)
+    assert cache.hits == 0
+    load_tree(repo, cache=cache)
+    assert cache.hits == 4
+    write(repo, "specs/runs/a.yaml", run_text("a") + "  desiredState: Stopped\n")
+    d = load_tree(repo, cache=cache)
+    assert cache.hits == 7
+    assert d.runs["a"].run.spec.desiredState == "Stopped"
+
+
+def test_valid_files_never_reach_the_located_path(repo: Path) -> None:
+    locator = Locator()
+    f = load_file(repo / "specs/runs/a.yaml", repo, locator)
+    assert f.ok
+    assert locator._docs == {}  # ruamel.yaml was not needed
+    bad = write(repo, "specs/runs/x.yaml", run_text("x") + "  bogus: 1\n")
+    f = load_file(bad, repo, locator)
+    assert not f.ok and bad in locator._docs
+
+
+def test_expect_kind(repo: Path) -> None:
+    p = write(repo, "execution_templates/r.yaml", run_text("r"))
+    f = load_file(p, repo, Locator(), expect_kind="ExecutionTemplate")
+    assert f.obj is None
+    assert "must be ExecutionTemplate, not Run" in f.diags[0].message
+
+
+def test_run_digest_follows_the_spec_only(repo: Path) -> None:
+    d1 = load_tree(repo).runs["a"].digest
+    write(repo, "specs/runs/a.yaml", run_text("a").replace("metadata:\n  name: a\n",
+                                                          "metadata:\n  name: a\n  labels: {x: y}\n"))
+    assert load_tree(repo).runs["a"].digest == d1
+    write(repo, "specs/runs/a.yaml", "# a comment changes nothing\n" + run_text("a"))
+    assert load_tree(repo).runs["a"].digest == d1
+    write(repo, "specs/runs/a.yaml", run_text("a") + "  desiredState: Stopped\n")
+    assert load_tree(repo).runs["a"].digest != d1
+    assert run_digest(load_tree(repo).runs["a"].run) == load_tree(repo).runs["a"].digest
+
+
+def test_discover_skips_hidden_and_other_extensions(repo: Path) -> None:
+    write(repo, "specs/.hidden/x.yaml", "garbage: [")
+    write(repo, "specs/runs/.x.yaml", "garbage: [")
+    write(repo, "specs/runs/notes.md", "# notes")
+    write(repo, "specs/runs/e.yml", run_text("e"))
+    names = [p.name for p, _ in load.discover(repo)]
+    assert "x.yaml" not in names and ".x.yaml" not in names and "notes.md" not in names and "e.yml" in names
+
+
+def test_dotted() -> None:
+    data = {"spec": {"task": {"type": "swift-sft", "args": {"k": 1}}, "inputs": ["a"]}}
+    assert dotted(("spec", "task", "swift-sft", "args", "k"), data) == "spec.task.args.k"
+    assert dotted(("spec", "inputs", 0), data) == "spec.inputs[0]"
+    assert dotted(("spec", "missing"), data) == "spec.missing"
+
+
+# ---------------------------------------------------------------- checks
+
+
+@pytest.mark.parametrize("item,problem", [
+    ("data/x.txt", None),
+    ("data", None),
+    ("", "empty"),
+    (" data", "spaces"),
+    ("/etc/passwd", "not absolute"),
+    ("data/../data/x.txt", "'..'"),
+    ("data\\x.txt", "'/' separators"),
+    ("status/r.yaml", "status/"),
+    (".git/config", ".git/"),
+    (".reconciler/cache", ".reconciler/"),
+    ("data/nothing", "does not exist"),
+])
+def test_input_problem(tmp_path: Path, item: str, problem: str | None) -> None:
+    write(tmp_path, "data/x.txt", "x")
+    write(tmp_path, "status/r.yaml", "phase: Running\n")
+    got = input_problem(tmp_path, item)
+    assert (got is None) if problem is None else (got is not None and problem in got), got
+
+
+def test_input_symlinks(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    write(root, "data/x.txt", "x")
+    outside = write(tmp_path, "outside/secret.txt", "s")
+    (root / "data" / "inside-link").symlink_to(root / "data" / "x.txt")
+    assert input_problem(root, "data/inside-link") is None
+    (root / "escape").symlink_to(outside)
+    assert "escapes the repository" in input_problem(root, "escape")
+    (root / "broken").symlink_to(root / "nowhere")
+    assert "broken or looping" in input_problem(root, "broken")
+    (root / "data" / "nested").symlink_to(outside.parent)
+    assert "contains a symlink that escapes" in input_problem(root, "data")
+
+
+def test_secret_values() -> None:
+    data = {
+        "metadata": {"annotations": {"note": "hf_" + "a" * 30}},
+        "spec": {
+            "task": {"env": {"HF_TOKEN": "abc", "TOKENIZERS_PARALLELISM": "false", "MY_API_KEY": "k", "PATH": "/bin"}},
+            "secrets": ["HF_TOKEN"],
+            "machines": [{"ssh": {"host_key": "ssh-ed25519 AAAA", "identity_file": "~/.ssh/key"}}],
+        },
+    }
+    found = dict(secret_values(data))
+    assert set(found) == {("metadata", "annotations", "note"), ("spec", "task", "env", "HF_TOKEN"),
+                          ("spec", "task", "env", "MY_API_KEY")}
+    assert "looks like a credential" in found[("metadata", "annotations", "note")]
+    assert "list 'HF_TOKEN' under spec.secrets" in found[("spec", "task", "env", "HF_TOKEN")]
+
+
+@pytest.mark.parametrize("value", ["sk-" + "a" * 24, "ghp_" + "a" * 36, "hf_" + "b" * 30, "AKIA" + "A" * 16,
+                                   "github_pat_" + "x" * 40, "glpat-" + "y" * 20, "xoxb-1234567890-abc"])
+def test_credential_lookalikes_anywhere(value: str) -> None:
+    assert secret_values({"a": [{"b": value}]}, text=f"a: [{{b: {value}}}]")
+
+
+def test_secret_prefilter_skips_clean_text() -> None:
+    assert secret_values({"a": "b"}, text="a: b\n") == []

@@ -1,0 +1,203 @@
+"""`reconcile validate` as users and CI run it: exit codes, PATH arguments, output formats."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+TEMPLATE = """\
+apiVersion: reconciler/v1
+kind: ExecutionTemplate
+id: local-host
+placement:
+  kind: local
+launch_mode:
+  kind: host_process
+"""
+
+
+def run_text(name: str, template: str = "local-host") -> str:
+    return (f"apiVersion: reconciler/v1\nkind: Run\nmetadata:\n  name: {name}\nspec:\n  template: {template}\n"
+            "  task:\n    type: command\n    argv: [echo, hi]\n")
+
+
+def reconcile(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    r = subprocess.run([sys.executable, "-m", "reconciler", *args], capture_output=True, text=True, cwd=cwd,
+                       env=env, timeout=60)
+    assert "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
+    return r
+
+
+def write(root: Path, rel: str, text: str) -> Path:
+    p = root / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text)
+    return p
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    write(tmp_path, "execution_templates/local-host.yaml", TEMPLATE)
+    write(tmp_path, "specs/runs/good.yaml", run_text("good"))
+    write(tmp_path, "specs/runs/dangling.yaml", run_text("dangling", template="gone"))
+    write(tmp_path, "specs/other/broken.yaml", "apiVersion: reconciler/v1\nkind: Run\nmetadata: {name: broken\n")
+    return tmp_path
+
+
+# ---------------------------------------------------------------- the repository's own examples
+
+
+def test_repository_examples_validate_in_place() -> None:
+    """What CI runs on the repository itself."""
+    r = reconcile("validate", cwd=REPO)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("ok: ")
+
+
+def test_repository_examples_validate_in_isolation(tmp_path: Path) -> None:
+    for part in ("specs", "execution_templates", "schemas", "examples"):
+        if (REPO / part).exists():
+            shutil.copytree(REPO / part, tmp_path / part)
+    r = reconcile("validate", "--repo", str(tmp_path), cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    n = len(list((tmp_path / "specs").rglob("*.yaml"))) + len(list((tmp_path / "execution_templates").glob("*.yaml")))
+    assert r.stdout.strip() == f"ok: {n} file(s) valid"
+    r = reconcile("validate", "--repo", str(tmp_path), "--format", "json", cwd=tmp_path)
+    assert json.loads(r.stdout) == {"valid": True, "files_checked": n, "errors": []}
+    r = reconcile("validate", "--repo", str(tmp_path), "--format", "github", cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == ""
+
+
+# ---------------------------------------------------------------- exit codes
+
+
+def test_whole_repository_from_cwd(repo: Path) -> None:
+    r = reconcile("validate", cwd=repo)
+    assert r.returncode == 1
+    assert "specs/runs/dangling.yaml:6:3: spec.template: template 'gone' not found" in r.stdout
+    assert "specs/other/broken.yaml:3:11: invalid YAML" in r.stdout
+    assert r.stdout.splitlines()[-1] == "2 error(s) in 2 file(s); 4 file(s) checked"
+
+
+def test_repo_found_from_a_subfolder(repo: Path) -> None:
+    r = reconcile("validate", cwd=repo / "specs" / "runs")
+    assert r.returncode == 1 and "dangling.yaml" in r.stdout
+
+
+def test_missing_path_is_exit_2(repo: Path) -> None:
+    r = reconcile("validate", "specs/runs/nope.yaml", cwd=repo)
+    assert r.returncode == 2
+    assert "no such file or directory" in r.stderr and r.stdout == ""
+
+
+def test_missing_repo_is_exit_2(tmp_path: Path) -> None:
+    r = reconcile("validate", "--repo", str(tmp_path / "nope"), cwd=tmp_path)
+    assert r.returncode == 2 and "reconcile validate:" in r.stderr
+
+
+def test_directory_without_specs_is_exit_2(tmp_path: Path) -> None:
+    r = reconcile("validate", "--repo", str(tmp_path), cwd=tmp_path)
+    assert r.returncode == 2
+    assert "no specs/ or execution_templates/" in r.stderr
+    r = reconcile("validate", cwd=tmp_path)
+    assert r.returncode == 2
+
+
+def test_path_without_spec_files_is_exit_2(repo: Path) -> None:
+    (repo / "specs" / "empty").mkdir()
+    r = reconcile("validate", "specs/empty", cwd=repo)
+    assert r.returncode == 2
+    assert "no .yaml files under specs/empty" in r.stderr
+
+
+def test_path_without_spec_files_reports_nothing_else(repo: Path) -> None:
+    """An empty PATH must not report the rest of the repository."""
+    (repo / "specs" / "empty").mkdir()
+    r = reconcile("validate", "specs/empty", cwd=repo)
+    assert "dangling" not in r.stdout and "broken" not in r.stdout
+
+
+def test_unknown_flag_is_exit_2(repo: Path) -> None:
+    r = reconcile("validate", "--formt", "json", cwd=repo)
+    assert r.returncode == 2
+    r = reconcile("validate", "--format", "xml", cwd=repo)
+    assert r.returncode == 2
+
+
+# ---------------------------------------------------------------- PATH arguments
+
+
+def test_one_file_reports_only_its_errors(repo: Path) -> None:
+    r = reconcile("validate", "specs/runs/good.yaml", cwd=repo)
+    assert r.returncode == 0, r.stdout
+    assert r.stdout.strip() == "ok: 1 file(s) valid"
+    r = reconcile("validate", "specs/runs/dangling.yaml", cwd=repo)
+    assert r.returncode == 1
+    assert "dangling.yaml" in r.stdout and "broken" not in r.stdout
+    assert r.stdout.splitlines()[-1] == "1 error(s) in 1 file(s); 1 file(s) checked"
+
+
+def test_one_file_is_still_checked_against_the_repository(repo: Path) -> None:
+    """A file's template reference is resolved against the repository's templates, not just the file."""
+    write(repo, "execution_templates/gone.yaml", TEMPLATE.replace("local-host", "gone").replace("host_process", "vm"))
+    r = reconcile("validate", "specs/runs/dangling.yaml", cwd=repo)
+    assert r.returncode == 1
+    assert "template 'gone' is invalid (see execution_templates/gone.yaml)" in r.stdout
+    assert "launch_mode.kind" not in r.stdout  # the template's own error belongs to the template's file
+    write(repo, "execution_templates/gone.yaml", TEMPLATE.replace("local-host", "gone"))
+    r = reconcile("validate", str(repo / "specs/runs/dangling.yaml"), cwd=REPO)  # absolute path, other cwd
+    assert r.returncode == 0, r.stdout
+
+
+def test_one_file_renaming_a_template_breaks_its_users(repo: Path) -> None:
+    write(repo, "execution_templates/local-host.yaml", TEMPLATE.replace("id: local-host", "id: local"))
+    r = reconcile("validate", "specs/runs/good.yaml", cwd=repo)
+    assert r.returncode == 1 and "specs/runs/good.yaml:6:3:" in r.stdout
+
+
+def test_a_folder_path(repo: Path) -> None:
+    r = reconcile("validate", "specs/other", cwd=repo)
+    assert r.returncode == 1
+    assert "broken.yaml" in r.stdout and "dangling" not in r.stdout
+
+
+def test_several_paths(repo: Path) -> None:
+    r = reconcile("validate", "specs/runs/good.yaml", "specs/other/broken.yaml", cwd=repo)
+    assert r.returncode == 1
+    assert r.stdout.splitlines()[-1] == "1 error(s) in 1 file(s); 2 file(s) checked"
+
+
+def test_a_file_outside_specs_is_checked(repo: Path) -> None:
+    write(repo, "drafts/new.yaml", run_text("new", template="gone"))
+    r = reconcile("validate", "drafts/new.yaml", cwd=repo)
+    assert r.returncode == 1 and "drafts/new.yaml:6:3: spec.template: template 'gone' not found" in r.stdout
+
+
+# ---------------------------------------------------------------- formats
+
+
+def test_github_format(repo: Path) -> None:
+    r = reconcile("validate", "--format", "github", cwd=repo)
+    assert r.returncode == 1
+    lines = r.stdout.splitlines()
+    assert lines == sorted(lines) and len(lines) == 2
+    assert lines[1].startswith("::error file=specs/runs/dangling.yaml,line=6,col=3::spec.template: template 'gone'")
+    assert all(line.startswith("::error file=") for line in lines)
+
+
+def test_json_format(repo: Path) -> None:
+    r = reconcile("validate", "--format", "json", cwd=repo)
+    assert r.returncode == 1
+    doc = json.loads(r.stdout)
+    assert doc["valid"] is False and doc["files_checked"] == 4
+    assert [(e["path"], e["line"], e["col"]) for e in doc["errors"]] == [
+        ("specs/other/broken.yaml", 3, 11), ("specs/runs/dangling.yaml", 6, 3)]
