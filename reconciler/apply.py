@@ -7,7 +7,6 @@ recorded as that run's outcome, with whether retrying can help, and the pass goe
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 from concurrent.futures import ThreadPoolExecutor
@@ -16,9 +15,11 @@ from pathlib import Path
 from typing import Callable
 
 from . import bundle as bundles
+from . import provenance
 from .backends import launchers
 from .backends.base import LaunchResult, LaunchSpec
 from .errors import PermanentError, ReconcilerError, TemporaryError
+from .identity import make, parse
 from .plan import LOCAL, Change, Plan
 from .spec.load import DesiredState
 from .spec.resolve import effective
@@ -81,7 +82,9 @@ def _one(c: Change, ctx: ApplyContext) -> Outcome:
         for k in c.kill:
             t = ctx.transport_for(k.machine)
             ws = k.workspace or t.workspace(k.identity)
-            launchers.terminate(t, k.identity, ws, ctx.terminate_grace)
+            done = launchers.terminate(t, k.identity, ws, ctx.terminate_grace)
+            if done.get("error"):
+                raise TemporaryError(f"cannot stop {k.identity} on {k.machine}: {done['error']}")
             out.killed.append(k.identity)
         if c.action in ("launch", "relaunch"):
             _launch(c, ctx, out)
@@ -106,10 +109,11 @@ def _launch(c: Change, ctx: ApplyContext, out: Outcome) -> None:
     ws = t.workspace(c.identity)
     local_dir = Path(ws) if c.machine == LOCAL else ctx.bundle_dir(c.identity)
     python = eff.python or ctx.machine_python(c.machine)
-    resume = _resume_path(t, c) if c.resume_from else None
+    resume = _resume_path(t, c) if c.resume_from and entry.run.spec.task.type != "command" else None
     req = bundles.BundleRequest(
         repo_root=ctx.repo, identity=c.identity, run=entry.run, spec_digest=entry.digest, spec_commit=ctx.spec_commit,
         template=template, effective=eff, machine=c.machine, gpus=c.gpus, python=python, resume_from=resume,
+        spec_source_commit=provenance.last_commit(ctx.repo, entry.rel) if ctx.spec_commit else None,
     )
     b = bundles.build(req, local_dir)
     ws = t.stage(b.path, c.identity)
@@ -130,16 +134,25 @@ def _launch(c: Change, ctx: ApplyContext, out: Outcome) -> None:
 
 
 def _resume_path(t, c: Change) -> str | None:
-    """The previous attempt's latest checkpoint on the same machine, when there is one."""
-    prev_ws = t.workspace(c.resume_from)
-    link = f"{prev_ws}/artifacts/output/last-checkpoint"
-    r = t.sh(f"cd {shlex.quote(prev_ws)}/artifacts/output 2>/dev/null && ls -d checkpoint-* 2>/dev/null "
-             "| sort -t- -k2 -n | tail -n 1", timeout=30)
-    name = r.out.strip()
-    if r.rc == 0 and name.startswith("checkpoint-"):
-        return f"{prev_ws}/artifacts/output/{name}"
-    del link
-    return None
+    """The latest complete checkpoint of the previous attempts on this machine, newest attempt first.
+
+    ``c.resume_from`` is the failed attempt's identity; when it died before saving anything, the
+    attempt before it (which it resumed from) may still hold one. A checkpoint counts only once its
+    ``trainer_state.json`` exists: a kill in the middle of a save leaves a folder without it.
+    One round trip; None when there is nothing to resume from (the run then starts over).
+    """
+    p = parse(c.resume_from)
+    idents = [make(p.name, p.generation, a) for a in range(p.attempt, 0, -1)] if p else [c.resume_from]
+    outs = " ".join(shlex.quote(f"{t.workspace(i)}/artifacts/output") for i in idents)
+    script = (f"for d in {outs}; do\n"
+              "  [ -d \"$d\" ] || continue\n"
+              "  best=$(cd \"$d\" && for c in checkpoint-*; do [ -f \"$c/trainer_state.json\" ] && echo \"$c\"; done"
+              " | sort -t- -k2 -n | tail -n 1)\n"
+              "  if [ -n \"$best\" ]; then echo \"$d/$best\"; exit 0; fi\n"
+              "done\n")
+    r = t.sh(script, timeout=30)
+    found = r.out.strip()
+    return found if r.rc == 0 and found.rsplit("/", 1)[-1].startswith("checkpoint-") else None
 
 
 def _collect(c: Change, ctx: ApplyContext, out: Outcome) -> None:
@@ -147,16 +160,14 @@ def _collect(c: Change, ctx: ApplyContext, out: Outcome) -> None:
     ws = c.workspace or t.workspace(c.identity)
     local_dir = Path(ws) if c.machine == LOCAL else ctx.bundle_dir(c.identity)
     t.fetch(c.identity, local_dir)
-    manifest = bundles.manifest(local_dir) if local_dir.is_dir() else {"artifacts": []}
-    job = local_dir / "job.json"
-    if job.is_file():
-        try:
-            manifest["job"] = json.loads(job.read_text())["payload"]
-        except (OSError, ValueError, KeyError):
-            pass
-    if local_dir.is_dir():
-        (local_dir / "artifacts").mkdir(exist_ok=True)
-        (local_dir / "artifacts" / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    remove = c.machine != LOCAL and ctx.remote_cleanup == "after_collect"
+    if local_dir.is_dir():  # artifacts/manifest.json: provenance and every artifact's size and hash
+        full = provenance.write(local_dir)
+        manifest = {"artifacts": full["run"]["artifacts"], "provenance": provenance.summary(full)}
+    else:
+        manifest = {"artifacts": []}
+    # Only a run's final collection removes its remote workspace: a failed attempt that will be
+    # retried keeps it (the retry may resume from its checkpoints; attempts are counted from it).
+    final = c.phase in ("Succeeded", "Failed", "Terminated")
+    remove = c.machine != LOCAL and ctx.remote_cleanup == "after_collect" and final
     launchers.finish(t, ws, remove)
     out.manifest, out.workspace = manifest, str(local_dir)

@@ -19,6 +19,7 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import codepin
 from .spec.resolve import Effective
 from .tasks import RenderContext, env_lines, render
 
@@ -43,6 +44,7 @@ class BundleRequest:
     gpus: list[int] = field(default_factory=list)
     python: str | None = None
     resume_from: str | None = None
+    spec_source_commit: str | None = None  # the last commit that changed the spec file (HEAD moves with status)
 
 
 @dataclass
@@ -62,8 +64,15 @@ def build(req: BundleRequest, dest: Path) -> Bundle:
     (tmp / "artifacts").mkdir()
     run = req.run
     inputs = [_stage_input(req.repo_root, item, tmp / "inputs") for item in run.spec.inputs]
+    code = None
+    if run.spec.code is not None:
+        try:
+            code = codepin.stage(run.spec.code, tmp / "inputs" / run.spec.code.path)
+        except Exception:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     rendered = render(run.spec.task, RenderContext(identity=req.identity, python=req.python,
-                                                    resume_from=req.resume_from, gpus=req.gpus))
+                                                    resume_from=req.resume_from, gpus=req.gpus, bundle=tmp))
     _write(tmp / "scripts" / "entrypoint.sh", rendered.entrypoint.encode(), 0o755)
     for name in SHIPPED_SCRIPTS:
         _write(tmp / "scripts" / name, (RUNTIME_DIR / name).read_bytes(), 0o755)
@@ -83,6 +92,7 @@ def build(req: BundleRequest, dest: Path) -> Bundle:
         "labels": dict(run.metadata.labels),
         "spec_digest": req.spec_digest,
         "spec_commit": req.spec_commit,
+        "spec_source_commit": req.spec_source_commit,
         "template": req.template.model_dump(mode="json"),
         "backend": req.effective.backend,
         "machine": req.machine,
@@ -92,7 +102,7 @@ def build(req: BundleRequest, dest: Path) -> Bundle:
         "task": run.spec.task.model_dump(mode="json"),
         "entrypoint": "scripts/entrypoint.sh",
         "inputs": inputs,
-        "code": run.spec.code.model_dump(mode="json") if run.spec.code else None,
+        "code": code,
         "env_names": sorted(env),
         "secret_names": sorted(run.spec.secrets),
         "resume_from": req.resume_from,

@@ -81,7 +81,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def _add_loop_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repo", help="repository to reconcile (default: the current directory)")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--config", help="configuration file (default: .reconciler.yaml in the repository, if present)")
+    p.add_argument("--config", help="configuration file (default: reconciler.yaml in the repository, if present)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from .errors import UsageError
 
@@ -52,6 +52,7 @@ class Config(BaseModel):
     webhook_secret: str | None = None
     log_format: Literal["text", "json"] = "text"
     push_retries: int = 5
+    _namespace: str | None = PrivateAttr(default=None)
 
     def redacted(self) -> dict[str, Any]:
         data = self.model_dump(mode="json")
@@ -65,8 +66,10 @@ class Config(BaseModel):
         """A stable id for the repository: its origin URL's hash, else its path's."""
         if self.namespace:
             return self.namespace
-        url = _git(self.repo, "config", "--get", f"remote.{self.remote}.url") or str(self.repo.resolve())
-        return "r-" + hashlib.sha256(url.encode()).hexdigest()[:12]
+        if self._namespace is None:  # one git call per process, not per machine and pass
+            url = _git(self.repo, "config", "--get", f"remote.{self.remote}.url") or str(self.repo.resolve())
+            self._namespace = "r-" + hashlib.sha256(url.encode()).hexdigest()[:12]
+        return self._namespace
 
     @property
     def local_root(self) -> str:

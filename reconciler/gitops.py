@@ -10,6 +10,7 @@ writing and before committing loses nothing.
 from __future__ import annotations
 
 import os
+import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,3 +102,140 @@ def transitions_message(lines: list[str]) -> str:
     if len(lines) > 200:
         body += f"\n- ... and {len(lines) - 200} more"
     return head_line + ("\n\n" + body if body else "") + "\n"
+
+
+# ---------------------------------------------------------------- the daemon's remote: fetch, rebase, push
+#
+# The daemon tracks one branch of one remote. Its own commits touch status/ only and users never
+# edit status/, so replaying them onto the remote's newer commits (a rebase, never a merge
+# commit) cannot conflict in normal operation. If it does anyway (someone edited status/ by hand,
+# or another writer raced), the rebase is aborted and the checkout is reset to the remote: the
+# unpushed status is dropped and the next pass derives it again from what it observes.
+
+
+class GitError(TemporaryError):
+    """A git command failed (network, refused push, conflict): the daemon retries later."""
+
+
+def git_env(author: Author | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["GIT_TERMINAL_PROMPT"] = "0"
+    env.setdefault("GIT_SSH_COMMAND", "ssh -o BatchMode=yes")
+    if author is not None:
+        env.update(GIT_AUTHOR_NAME=author.name, GIT_AUTHOR_EMAIL=author.email,
+                   GIT_COMMITTER_NAME=author.name, GIT_COMMITTER_EMAIL=author.email)
+    return env
+
+
+def run_git(path: Path, *args: str, author: Author | None = None, timeout: float = 120.0,
+            check: bool = True) -> subprocess.CompletedProcess:
+    try:
+        p = subprocess.run(["git", "-C", str(path), *args], capture_output=True, text=True, timeout=timeout,
+                           env=git_env(author), stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise GitError(f"git {args[0]} timed out after {timeout:.0f}s") from None
+    if check and p.returncode != 0:
+        raise GitError(f"git {' '.join(args[:2])} failed: {(p.stderr or p.stdout).strip()[:500]}")
+    return p
+
+
+def _rev(path: Path, ref: str) -> str | None:
+    p = run_git(path, "rev-parse", "-q", "--verify", ref + "^{commit}", check=False)
+    return p.stdout.strip() if p.returncode == 0 else None
+
+
+def current_branch(path: Path) -> str | None:
+    p = run_git(path, "symbolic-ref", "-q", "--short", "HEAD", check=False)
+    return p.stdout.strip() if p.returncode == 0 and p.stdout.strip() else None
+
+
+@dataclass
+class SyncResult:
+    head_before: str | None
+    head_after: str | None
+    upstream: str | None
+    action: str  # "none", "fast-forward", "rebase", "reset" (a failed rebase), "ahead", "no-upstream"
+    ahead: int = 0  # commits of ours not on the remote after syncing
+    error: str = ""  # why a rebase failed (action "reset")
+
+    @property
+    def moved(self) -> bool:
+        return self.head_before != self.head_after
+
+
+class Remote:
+    """One checkout tracking ``remote``/``branch``."""
+
+    def __init__(self, path: Path, remote: str, branch: str, author: Author, timeout: float = 120.0):
+        self.path, self.remote, self.branch, self.author, self.timeout = path, remote, branch, author, timeout
+        self.tracking = f"refs/remotes/{remote}/{branch}"
+
+    def fetch(self) -> str | None:
+        """Fetch the branch; return the remote's commit, or None when the remote has no such branch yet."""
+        p = run_git(self.path, "fetch", "--quiet", "--no-tags", self.remote,
+                    f"+refs/heads/{self.branch}:{self.tracking}", timeout=self.timeout, check=False)
+        if p.returncode != 0:
+            err = (p.stderr or p.stdout).strip()
+            if "couldn't find remote ref" in err.lower():
+                return None
+            raise GitError(f"git fetch {self.remote} {self.branch} failed: {err[:500]}")
+        return _rev(self.path, self.tracking)
+
+    def ahead(self) -> int:
+        if _rev(self.path, self.tracking) is None:
+            return 1 if _rev(self.path, "HEAD") else 0
+        p = run_git(self.path, "rev-list", "--count", f"{self.tracking}..HEAD", check=False)
+        return int(p.stdout.strip() or 0) if p.returncode == 0 else 0
+
+    def integrate(self) -> SyncResult:
+        """Bring HEAD up to the fetched remote branch: fast-forward, or rebase our status commits onto it."""
+        before = _rev(self.path, "HEAD")
+        upstream = _rev(self.path, self.tracking)
+        if upstream is None:
+            return SyncResult(before, before, None, "no-upstream", 1 if before else 0)
+        if before == upstream:
+            return SyncResult(before, before, upstream, "none", 0)
+        if before is None or self._is_ancestor(before, upstream):
+            args = ["merge", "--ff-only", "--quiet", upstream] if before else ["reset", "--keep", upstream]
+            run_git(self.path, *args, author=self.author)
+            return SyncResult(before, _rev(self.path, "HEAD"), upstream, "fast-forward", 0)
+        if self._is_ancestor(upstream, before):
+            return SyncResult(before, before, upstream, "ahead", self.ahead())
+        p = run_git(self.path, "-c", "rebase.autoStash=true", "rebase", "--quiet", upstream, author=self.author,
+                    check=False)
+        if p.returncode == 0:
+            return SyncResult(before, _rev(self.path, "HEAD"), upstream, "rebase", self.ahead())
+        self.recover(upstream)
+        res = SyncResult(before, _rev(self.path, "HEAD"), upstream, "reset", 0)
+        res.error = (p.stderr or p.stdout).strip()[:500]
+        return res
+
+    def recover(self, upstream: str) -> None:
+        """A rebase failed: abort it, take the remote's commits and its status/, drop ours."""
+        run_git(self.path, "rebase", "--abort", check=False)
+        if run_git(self.path, "reset", "--keep", upstream, check=False).returncode != 0:
+            # Local edits in the way of the remote's: the daemon's checkout mirrors the remote.
+            run_git(self.path, "reset", "--hard", "--quiet", upstream)
+        run_git(self.path, "clean", "-fdq", "--", STATUS_DIR, check=False)
+
+    def push(self) -> None:
+        p = run_git(self.path, "push", "--porcelain", self.remote, f"HEAD:refs/heads/{self.branch}",
+                    timeout=self.timeout, check=False)
+        if p.returncode != 0:
+            err = (p.stdout + "\n" + p.stderr).strip()
+            raise PushRejected(err[:500]) if _rejected(err) else GitError(f"git push failed: {err[:500]}")
+        # Record what the remote now has, so ahead() is right without another fetch.
+        run_git(self.path, "update-ref", self.tracking, "HEAD", check=False)
+
+    def _is_ancestor(self, a: str, b: str) -> bool:
+        return run_git(self.path, "merge-base", "--is-ancestor", a, b, check=False).returncode == 0
+
+
+class PushRejected(GitError):
+    """The remote moved (non-fast-forward): fetch, rebase, push again."""
+
+
+def _rejected(err: str) -> bool:
+    low = err.lower()
+    return any(s in low for s in ("[rejected]", "updates were rejected", "non-fast-forward", "fetch first", "stale info",
+                                  "failed to update ref", "cannot lock ref", "! [remote rejected]"))

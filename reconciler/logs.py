@@ -1,8 +1,13 @@
 """``reconcile logs NAME``: a run's stdout and stderr, wherever it runs.
 
 The run's status names its machine and workspace; the logs are read there through the same
-transport the reconciler uses (a local file read, or ``tail`` over SSH). ``--follow`` polls until
-the run has a result.
+transport the reconciler uses (a shell on this machine, or one command over SSH per file and
+poll). A run that is over, or whose remote workspace was removed after collection, is read from
+the collected copy in ``.reconciler/bundles/<identity>``. ``--follow`` polls until the run has a
+result (``runtime/result.json``), then prints what was written last and exits.
+
+Each read is one command that prints ``<size> <done>`` and then the bytes up to that size, so
+the next read starts exactly where this one stopped, whatever the job writes in between.
 """
 
 from __future__ import annotations
@@ -10,9 +15,12 @@ from __future__ import annotations
 import shlex
 import sys
 import time
+from pathlib import Path
 
 from . import status as statuses
 from .config import Config
+from .errors import ReconcilerError
+from .plan import LOCAL
 from .spec.load import load_tree
 from .transports import TransportPool
 
@@ -20,51 +28,62 @@ STREAMS = {"stdout": ["artifacts/stdout.log"], "stderr": ["artifacts/stderr.log"
            "both": ["artifacts/stdout.log", "artifacts/stderr.log"]}
 
 
+def read_script(ws: str, rel: str, offset: int | None, lines: int) -> str:
+    """Shell that prints "SIZE DONE" (or "gone 0"), then the last ``lines`` lines (first read) or
+    the bytes after ``offset``, never past SIZE."""
+    d, f = shlex.quote(ws), shlex.quote(f"{ws}/{rel}")
+    head = (f"[ -d {d} ] || {{ echo 'gone 0'; exit 0; }}\n"
+            f"done=0; [ -e {d}/runtime/result.json ] && done=1\n"
+            f"s=$(( $(wc -c 2>/dev/null < {f} || echo 0) ))\n"
+            'echo "$s $done"\n')
+    if offset is None:
+        return head + f'[ "$s" -gt 0 ] && head -c "$s" {f} | tail -n {int(lines)}\nexit 0\n'
+    return head + f'[ "$s" -gt {offset} ] && head -c "$s" {f} | tail -c +{offset + 1}\nexit 0\n'
+
+
 def follow_logs(cfg: Config, name: str, stream: str, lines: int, follow: bool, interval: float = 0.5) -> int:
     st = statuses.load_all(cfg.repo / "status").get(name)
     if st is None or st.handle is None or not st.handle.workspace:
         print(f"reconcile logs: run {name!r} has not been launched (no status handle)", file=sys.stderr)
         return 1
+    machine = st.handle.machine or LOCAL
+    collected = str(cfg.repo / ".reconciler" / "bundles" / (st.handle.identity or ""))
     pool = TransportPool(cfg, load_tree(cfg.repo))
     try:
-        t = pool.get(st.handle.machine or "local")
         ws = st.handle.workspace
-        if st.handle.machine not in (None, "local") and st.phase in statuses.TERMINAL:
-            ws = str(cfg.repo / ".reconciler" / "bundles" / st.handle.identity)  # collected copy
-            from .transports import TransportPool as _P  # noqa: F401
-            t = pool.get("local")
-        offsets = {f: 0 for f in STREAMS[stream]}
-        first = True
+        if machine != LOCAL and st.phase in statuses.TERMINAL and Path(collected).is_dir():
+            machine, ws = LOCAL, collected
+        t = pool.get(machine)
+        offsets: dict[str, int | None] = {f: None for f in STREAMS[stream]}
         while True:
+            first_done = None
             for f in STREAMS[stream]:
-                path = f"{ws}/{f}"
-                if first:
-                    r = t.sh(f"tail -n {int(lines)} {shlex.quote(path)} 2>/dev/null; wc -c < {shlex.quote(path)} 2>/dev/null",
-                             timeout=30)
-                    body, _, size = r.out.rpartition("\n" if r.out.count("\n") > 1 else "\0")
-                    text = r.out.splitlines()
-                    size_line = text[-1] if text else "0"
-                    out = "\n".join(text[:-1])
-                    if out:
-                        print(out)
-                    offsets[f] = int(size_line) if size_line.strip().isdigit() else 0
-                else:
-                    r = t.sh(f"tail -c +{offsets[f] + 1} {shlex.quote(path)} 2>/dev/null", timeout=30)
-                    if r.out:
-                        sys.stdout.write(r.out)
-                        sys.stdout.flush()
-                        offsets[f] += len(r.out.encode())
-            first = False
-            if not follow:
-                return 0
-            done = t.sh(f"test -e {shlex.quote(ws)}/runtime/result.json", timeout=30).rc == 0
-            if done:
-                # one last read for the lines written just before the end
-                for f in STREAMS[stream]:
-                    r = t.sh(f"tail -c +{offsets[f] + 1} {shlex.quote(ws + '/' + f)} 2>/dev/null", timeout=30)
-                    if r.out:
-                        sys.stdout.write(r.out)
+                r = t.sh(read_script(ws, f, offsets[f], lines), timeout=60)
+                header, _, body = r.out.partition("\n")
+                size, _, done = header.partition(" ")
+                if size == "gone":
+                    if machine != LOCAL and Path(collected).is_dir():
+                        machine, ws, t = LOCAL, collected, pool.get(LOCAL)  # removed after collection
+                        r = t.sh(read_script(ws, f, offsets[f], lines), timeout=60)
+                        header, _, body = r.out.partition("\n")
+                        size, _, done = header.partition(" ")
+                    else:
+                        print(f"reconcile logs: the workspace of {st.handle.identity} is gone from {machine}",
+                              file=sys.stderr)
+                        return 1
+                if first_done is None:
+                    first_done = done.strip() == "1"
+                if body:
+                    # A last line without its newline gets one, unless more may follow on it.
+                    sys.stdout.write(body if follow or body.endswith("\n") else body + "\n")
+                    sys.stdout.flush()
+                offsets[f] = int(size) if size.strip().isdigit() else (offsets[f] or 0)
+            # Done when the result existed before this round's reads began: they saw every byte.
+            if not follow or first_done:
                 return 0
             time.sleep(interval)
+    except ReconcilerError as e:
+        print(f"reconcile logs: {e}", file=sys.stderr)
+        return 1
     finally:
         pool.close()

@@ -62,6 +62,7 @@ class Reconciler:
         self.cfg = cfg
         self.cache = SpecCache()
         self.status_cache = statuses.StatusCache()
+        self._unchanged: dict[str, tuple[str, object]] = {}  # run → (its change, its cached status)
         self.repo = gitops.open_repo(cfg.repo)
         self._gpus: int | None = None
 
@@ -99,13 +100,25 @@ class Reconciler:
         finally:
             pool.close()
         by_name = {o.name: o for o in result.outcomes}
+        unchanged: dict[str, tuple[str, object]] = {}
         for change in plan.changes:
             if change.phase is None:
                 continue
             prev = previous.get(change.name)
             obs = world.find(change.identity) if change.identity else None
-            new = statuses.summarize(prev, change, by_name.get(change.name), obs, now, spec_commit)
+            outcome = by_name.get(change.name)
+            # The same change, nothing observed and the same (cached, unmodified) previous status as
+            # last pass, when summarize gave back that status: it would again. Skipping it keeps a
+            # pass over thousands of finished runs cheap.
+            key = repr(change) if outcome is None and obs is None and prev is not None else None
+            last = self._unchanged.get(change.name) if key is not None else None
+            if last is not None and last[0] == key and last[1] is prev:
+                unchanged[change.name] = last
+                continue
+            new = statuses.summarize(prev, change, outcome, obs, now, spec_commit)
             if statuses.same_ignoring_time(prev, new):
+                if key is not None:
+                    unchanged[change.name] = (key, prev)
                 continue
             new.observed_at = statuses.iso(now)
             if statuses.write_if_changed(status_dir, new):
@@ -114,6 +127,7 @@ class Reconciler:
                 if before != new.phase or (prev and (prev.attempt, prev.generation) != (new.attempt, new.generation)):
                     ident = change.identity or ""
                     result.transitions.append(f"{change.name}: {before} → {new.phase} [{ident}] {change.reason}"[:300])
+        self._unchanged = unchanged
         waits = [c.retry_after for c in plan.changes if c.retry_after]
         result.retry_after = min(waits) if waits else None
         do_commit = cfg.commit if commit is None else commit

@@ -68,7 +68,7 @@ def observe(machines: list[str], transport_for: Callable[[str], object], names: 
                 finished_at=r.get("finished_at"), started_at=r.get("started_at"),
                 heartbeat_age=r.get("heartbeat_age"), pid=r.get("pid"), container=r.get("container"),
                 workspace=r.get("workspace"), gpus=list(r.get("gpus") or []), collected=bool(r.get("collected")),
-                message=r.get("message", ""), progress=r.get("progress"),
+                message=r.get("message", ""), progress=r.get("progress"), permanent=bool(r.get("permanent")),
             )
         return m
 

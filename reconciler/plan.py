@@ -28,7 +28,7 @@ from .observed import ObservedRun, ObservedWorld
 from .spec.load import DesiredState, RunEntry
 from .spec.models import Fleet
 from .spec.resolve import effective
-from .status import TERMINAL, RunStatus, parse_iso
+from .status import TERMINAL, RunStatus, iso, parse_iso
 
 ACTIONS = ("launch", "relaunch", "terminate", "collect", "mark_invalid", "wait", "adopt", "none")
 SYMBOL = {"launch": "+", "relaunch": "~", "terminate": "-", "collect": ">", "mark_invalid": "!", "wait": ".",
@@ -63,6 +63,7 @@ class Change:
     spec_digest: str | None = None
     spec_path: str | None = None
     resume_from: str | None = None  # identity of the attempt whose checkpoints a relaunch resumes
+    stalled: str | None = None  # set when spec.stall is configured and the run made no progress (the why)
 
     @property
     def mutates(self) -> bool:
@@ -128,10 +129,11 @@ class Slot:
     tasks: int = 0
     used_gpus: set[int] = field(default_factory=set)
     reachable: bool = True
+    error: str = ""
 
     def why_not(self, gpu_count: int, gpu_type: str | None) -> str | None:
         if not self.reachable:
-            return "unreachable"
+            return f"unreachable ({self.error})" if self.error else "unreachable"
         if self.max_tasks == 0:
             return "drained (max_tasks 0)"
         if self.max_tasks is not None and self.tasks >= self.max_tasks:
@@ -168,7 +170,7 @@ def _slots(desired: DesiredState, world: ObservedWorld, settings: PlanSettings) 
         slot = slots.get(name)
         if slot is None:
             continue
-        slot.reachable = obs.reachable
+        slot.reachable, slot.error = obs.reachable, obs.error
         for r in obs.runs.values():
             if r.alive:
                 slot.tasks += 1
@@ -286,9 +288,11 @@ def _running(name: str, entry: RunEntry, prev: RunStatus | None, world: Observed
             since = world.machines[unknown].unreachable_since or now
             left = settings.unreachable_grace - (now - since)
             if left > 0:
+                # No countdown in the text: an unchanged wait must leave the status byte-identical.
                 return [Change(name, "wait", "MachineUnreachable",
                                f"{unknown} does not answer ({world.machines[unknown].error or 'no reply'}); "
-                               f"{ident} is not declared lost for another {left:.0f}s",
+                               f"{ident} is declared lost at {iso(since + settings.unreachable_grace)} "
+                               "if it still does not answer",
                                prev.phase, retry_after=min(left, 60.0), identity=ident, machine=unknown, **base)]
             return _after_failure(name, entry, prev, ident, None, f"lost: {unknown} unreachable for "
                                   f"{now - since:.0f}s", now, launch, base, policy, lost_at=since + settings.unreachable_grace)
@@ -311,9 +315,14 @@ def _running(name: str, entry: RunEntry, prev: RunStatus | None, world: Observed
                        **base)
             c.backend = _backend(entry, desired)
             return [c]
+        stalled = _stalled(run, obs, now)
+        if stalled and run.spec.stall.action == "terminate":
+            return [Change(name, "terminate", "Stalled", f"{stalled}; terminating {ident} (stall.action: terminate)",
+                           "Running", identity=ident, machine=obs.machine, stalled=stalled,
+                           kill=stale + [Kill(obs.machine, ident, obs.workspace)], **base)]
         return [Change(name, "none" if not stale else "terminate", "Running" if not stale else "Fenced",
                        "running" if not stale else "stopping stale instances", "Running", identity=ident,
-                       machine=obs.machine, kill=stale, **base)]
+                       machine=obs.machine, kill=stale, stalled=stalled, **base)]
 
     if obs.state == "succeeded":
         if obs.collected and prev is not None and prev.phase == "Succeeded" and handle_ident == ident:
@@ -322,7 +331,7 @@ def _running(name: str, entry: RunEntry, prev: RunStatus | None, world: Observed
                        machine=obs.machine, workspace=obs.workspace, exit_code=0, kill=stale, backend=_backend(entry, desired),
                        **base)]
 
-    why = {"failed": f"{ident} failed (exit {obs.exit_code})",
+    why = {"failed": f"{ident} failed (exit {obs.exit_code})" + (f": {obs.message}" if obs.message else ""),
            "terminated": f"{ident} was terminated from outside (exit {obs.exit_code})",
            "lost": f"{ident} is lost: no process and no result" + (f" ({obs.message})" if obs.message else "")}
     return _after_failure(name, entry, prev, ident, obs, why.get(obs.state, obs.state), now, launch, base, policy)
@@ -340,10 +349,33 @@ def _failed_at(obs: ObservedRun | None, prev: RunStatus | None, lost_at: float |
     return 0.0
 
 
+def _stalled(run, obs: ObservedRun, now: float) -> str | None:
+    """Why a running instance counts as stalled under ``spec.stall``, or None (pure: reads obs and now).
+
+    Progress is the time of the last training step the probe saw (its logging.jsonl); before the
+    first step, the instance's start. No progress for ``stall.afterSeconds`` is a stall.
+    """
+    stall = run.spec.stall
+    if stall is None:
+        return None
+    last = parse_iso((obs.progress or {}).get("updated_at")) or obs.started_at
+    if last is None:
+        return None
+    idle = now - last
+    if idle <= stall.afterSeconds:
+        return None
+    since = f"step {obs.progress['step']}" if obs.progress and obs.progress.get("step") is not None else "the start"
+    return f"no training progress for {idle:.0f}s since {since} (stall.afterSeconds {stall.afterSeconds:g})"
+
+
 def _after_failure(name, entry, prev, ident, obs, why, now, launch, base, policy, lost_at=None) -> list[Change]:
     attempt = base["attempt"]
     exit_code = obs.exit_code if obs is not None else None
     retries_used = attempt - 1
+    no_retry = "no retries left"
+    if obs is not None and obs.permanent:  # e.g. the precheck refused the environment: retrying cannot help
+        policy = type(policy)(maxRetries=0, backoffSeconds=policy.backoffSeconds)
+        no_retry = "not retried: retrying cannot help"
     if retries_used < policy.maxRetries:
         finished = _failed_at(obs, prev, lost_at)
         left = finished + policy.backoffSeconds - now
@@ -359,12 +391,12 @@ def _after_failure(name, entry, prev, ident, obs, why, now, launch, base, policy
                        resume_from=resume)]
     phase = "Failed"
     if obs is not None and not obs.collected:
-        return [Change(name, "collect", "Failed", f"{why}; no retries left", phase, identity=ident,
+        return [Change(name, "collect", "Failed", f"{why}; {no_retry}", phase, identity=ident,
                        machine=obs.machine, workspace=obs.workspace, exit_code=exit_code, **base)]
     if prev is not None and prev.phase == phase and prev.attempt == attempt:
         return [Change(name, "none", "Done", "failed; no retries left", phase, identity=ident,
                        exit_code=prev.exit_code, **base)]
-    return [Change(name, "none", "Failed", f"{why}; no retries left", phase, identity=ident, exit_code=exit_code,
+    return [Change(name, "none", "Failed", f"{why}; {no_retry}", phase, identity=ident, exit_code=exit_code,
                    **base)]
 
 

@@ -22,6 +22,7 @@ class TransportPool:
         self.cfg = cfg
         self._machines = {}
         self._fleet_of = {}
+        self._source = {id(f.obj): f.rel for f in desired.files if f.obj is not None}
         for fleet in desired.fleets.values():
             for m in fleet.spec.machines:
                 self._machines[m.name] = m
@@ -44,7 +45,8 @@ class TransportPool:
             raise PermanentError(f"machine {name!r} is not declared in any Fleet")
         root = m.workspace_root.rstrip("/") + "/" + self.cfg.repo_namespace
         return MachineInfo(name, root, docker_host=m.docker_host, python=m.python, fleet_machine=m,
-                           known_hosts=self._fleet_of[name].spec.known_hosts)
+                           known_hosts=self._fleet_of[name].spec.known_hosts,
+                           source=self._source.get(id(self._fleet_of[name])))
 
     def python_for(self, name: str) -> str | None:
         m = self._machines.get(name)

@@ -35,6 +35,7 @@ class MachineInfo:
     python: str | None = None
     fleet_machine: Any = None  # spec.models.Machine for ssh placement
     known_hosts: str | None = None
+    source: str | None = None  # the Fleet file that declares the machine (for messages)
 
 
 class Transport(Protocol):

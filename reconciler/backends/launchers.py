@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import time
 
 from ..errors import PermanentError, TemporaryError
 from .base import LaunchResult, LaunchSpec, Transport, docker_prefix, secrets_file
@@ -66,11 +67,12 @@ def _launch_docker(t: Transport, spec: LaunchSpec) -> LaunchResult:
         "if [ -e runtime/container ]; then echo adopted; exit 0; fi\n"
         f"echo {ident} > runtime/container\n"
         "date +%s > runtime/launched_at\n"
-        f"if out=$({dp}{cmd} 2>&1); then echo launched; exit 0; fi\n"
-        "rc=$?\n"
+        f"out=$({dp}{cmd} 2>&1); rc=$?\n"
+        "if [ $rc -eq 0 ]; then echo launched; exit 0; fi\n"
+        'case "$out" in *"already in use"*) echo adopted; exit 0;; esac\n'
         # Record the failure where observers look, so the instance reads as failed, not lost.
         'printf \'{"state": "failed", "exit_code": %d, "finished_ts": %s}\\n\' "$rc" "$(date +%s)" > runtime/result.json\n'
-        'echo "$out" >&2; exit 3\n'
+        'echo "$out" > runtime/launch.err; echo "$out" >&2; exit 3\n'
     )
     r = t.sh(script, timeout=120)
     if r.rc == 0:
@@ -79,14 +81,24 @@ def _launch_docker(t: Transport, spec: LaunchSpec) -> LaunchResult:
     low = err.lower()
     if "no such image" in low or "unable to find image" in low or "pull access denied" in low:
         how = "pulling is disabled by the template (launch_mode.pull: false)" if not spec.pull else "pull failed"
-        raise PermanentError(f"image {spec.image!r} not found on {t.machine.name}; {how}")
+        _permanent(t, spec, f"image {spec.image!r} not found on {t.machine.name}; {how}")
     if "conflict" in low and "already in use" in low:
         return LaunchResult(spec.identity, spec.workspace, adopted=True, container=spec.identity)
     if "could not select device driver" in low or "nvidia" in low and "gpu" in low:
-        raise PermanentError(f"docker on {t.machine.name} cannot give GPUs to containers: {err[:200]}")
+        detail = next((line for line in err.splitlines() if "error" in line.lower()), err)[:200]
+        _permanent(t, spec, f"docker on {t.machine.name} cannot give GPUs to containers: {detail}")
     if r.rc == 97:
         raise TemporaryError(f"workspace {spec.workspace} missing on {t.machine.name}")
     raise TemporaryError(f"docker run on {t.machine.name} failed: {err[:300]}")
+
+
+def _permanent(t: Transport, spec: LaunchSpec, message: str) -> None:
+    """Record why the instance can never start in its result (later passes read the same reason and
+    do not retry it), then raise."""
+    doc = json.dumps({"state": "failed", "exit_code": 125, "finished_ts": int(time.time()), "message": message,
+                      "permanent": True})
+    t.sh(f"cd {shlex.quote(spec.workspace)} && printf '%s\\n' {shlex.quote(doc)} > runtime/result.json", timeout=30)
+    raise PermanentError(message)
 
 
 def terminate(t: Transport, identity: str, workspace: str, grace: float) -> dict:

@@ -482,7 +482,9 @@ def run(args) -> int:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        description="Record the training environment and check the declared ms-swift (exit 3 on mismatch).")
+        description="Record the training environment and check the declared ms-swift (exit 3 on mismatch).",
+        # @FILE reads more arguments from FILE, one per line: the bundle's scripts/precheck.args.
+        fromfile_prefix_chars="@")
     parser.add_argument("--log", help="human-readable report")
     parser.add_argument("--json", help="machine-readable report")
     parser.add_argument("--expect-swift-fork", metavar="MANIFEST_JSON", help="fork manifest the swift import must match")

@@ -23,6 +23,7 @@ import time
 
 IDENTITY = re.compile(r"^(?P<name>[a-z0-9]([-a-z0-9]*[a-z0-9])?)-g(?P<gen>[0-9]+)-a(?P<attempt>[0-9]+)$")
 TAIL_BYTES = 8192
+PRECHECK_EXIT = 3  # precheck.py: the environment does not match the spec
 
 
 def _read(path, limit=65536):
@@ -90,8 +91,70 @@ def _docker_states(names):
     return out
 
 
+PROGRESS_SCAN_LIMIT = 4 << 20  # bytes read backwards at most to find the last step line
+
+
+def _iso(ts):
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def _num(v):
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def normalize_progress(rec, updated_at):
+    """One ms-swift logging.jsonl step line → {step, max_steps, loss, learning_rate, epoch, updated_at}.
+
+    Only lines with a numeric ``loss`` are steps (the two summary lines at the end of training have
+    ``train_loss``, not ``loss``); ``"global_step/max_steps": "3/10"`` gives step and max_steps.
+    Returns None for anything else.
+    """
+    if not isinstance(rec, dict) or _num(rec.get("loss")) is None:
+        return None
+    step = max_steps = None
+    gm = rec.get("global_step/max_steps")
+    if isinstance(gm, str) and "/" in gm:
+        a, _, b = gm.partition("/")
+        if a.strip().isdigit():
+            step = int(a)
+        if b.strip().isdigit():
+            max_steps = int(b)
+    if step is None and isinstance(rec.get("step"), int):
+        step = rec["step"]
+    out = {"step": step, "max_steps": max_steps, "loss": rec["loss"], "learning_rate": _num(rec.get("learning_rate")),
+           "epoch": _num(rec.get("epoch")), "updated_at": _iso(updated_at) if updated_at is not None else None}
+    return out
+
+
+def _last_step_line(path, limit=PROGRESS_SCAN_LIMIT):
+    """The last line of a JSON-lines file that is a step (see normalize_progress), read from the end."""
+    with open(path, "rb") as fh:
+        fh.seek(0, 2)
+        pos = fh.tell()
+        carry = b""
+        read = 0
+        while pos > 0 and read < limit:
+            n = min(TAIL_BYTES * 8, pos)
+            pos -= n
+            fh.seek(pos)
+            chunk = fh.read(n) + carry
+            read += n
+            lines = chunk.split(b"\n")
+            carry = lines.pop(0) if pos > 0 else b""  # may be a partial line: completed by the next chunk
+            for line in reversed(lines):
+                if b'"loss"' not in line:
+                    continue
+                try:
+                    rec = json.loads(line.decode("utf-8", "replace"))
+                except ValueError:
+                    continue
+                if isinstance(rec, dict) and _num(rec.get("loss")) is not None:
+                    return rec
+    return None
+
+
 def _progress(ws):
-    """The last line of ms-swift's logging.jsonl, if the run writes one (searched two levels deep)."""
+    """The latest training step from ms-swift's logging.jsonl (searched two levels deep), normalised."""
     base = os.path.join(ws, "artifacts", "output")
     best = None
     for dirpath, dirnames, filenames in _walk(base, 2):
@@ -106,20 +169,23 @@ def _progress(ws):
     if best is None:
         return None
     try:
-        with open(best[1], "rb") as fh:
-            fh.seek(0, 2)
-            size = fh.tell()
-            fh.seek(max(0, size - TAIL_BYTES))
-            lines = fh.read().decode("utf-8", "replace").strip().splitlines()
+        rec = _last_step_line(best[1])
     except OSError:
         return None
-    for line in reversed(lines):
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            return {"last": rec, "updated_at": best[0]}
+    return normalize_progress(rec, best[0]) if rec is not None else None
+
+
+def _precheck_failure(ws):
+    """The precheck's reason when it refused the run (artifacts/runtime-precheck.json, ok: false)."""
+    text = _read(os.path.join(ws, "artifacts", "runtime-precheck.json"), 1 << 20)
+    if not text:
+        return None
+    try:
+        rep = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(rep, dict) and rep.get("ok") is False:
+        return str(rep.get("reason") or "precheck failed")
     return None
 
 
@@ -138,7 +204,7 @@ def _walk(base, depth):
 
 def probe(root, names=None, now=None):
     now = time.time() if now is None else now
-    root = os.path.expanduser(root)
+    root = os.path.abspath(os.path.expanduser(root))  # relative roots are under the login's home
     names = set(names or ())
     result = {"now": now, "root": root, "host": os.uname().nodename, "runs": {}}
     try:
@@ -180,6 +246,11 @@ def probe(root, names=None, now=None):
                 run["state"] = res.get("state", "failed")
                 run["exit_code"] = res.get("exit_code")
                 run["finished_at"] = res.get("finished_ts")
+                why = res.get("message") or (_read(os.path.join(rt, "launch.err"), 600) or "").strip()
+                if why and run["state"] != "succeeded":
+                    run["message"] = why[:300]
+                if res.get("permanent"):  # the launcher found the instance can never start
+                    run["permanent"] = True
             except ValueError:
                 run["state"], run["message"] = "failed", "runtime/result.json is not valid JSON"
         elif container:
@@ -199,6 +270,10 @@ def probe(root, names=None, now=None):
                 run["state"] = "running" if young else "lost"
                 if not young:
                     run["message"] = "no pid and no result: the launch never started"
+        if run.get("state") == "failed" and run.get("exit_code") == PRECHECK_EXIT:
+            reason = _precheck_failure(ws)
+            if reason:
+                run["message"], run["permanent"] = "precheck failed: " + reason, True
         if m.group("name") in names and run.get("state") in ("succeeded", "failed") and not run["collected"]:
             prog = _progress(ws)
             if prog:
@@ -259,7 +334,9 @@ def terminate(ws, identity, grace=10.0):
             pgid = int(pid_text.strip())
             if _group_alive(_process_groups(), pgid, identity):
                 out["was_alive"] = True
-                _signal(pgid, 15)
+                if not _signal(pgid, 15):
+                    out["error"] = f"not permitted to signal process group {pgid}"
+                    return out
                 deadline = time.time() + grace
                 while time.time() < deadline and _group_alive(_process_groups(), pgid, identity):
                     time.sleep(0.05)
@@ -279,10 +356,14 @@ def terminate(ws, identity, grace=10.0):
 
 
 def _signal(pgid, sig):
+    """Signal a process group; False only when it is not ours to signal."""
     try:
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
+    except ProcessLookupError:
         pass
+    except PermissionError:
+        return False
+    return True
 
 
 def finish(ws, remove=False):

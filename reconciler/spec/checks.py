@@ -74,13 +74,15 @@ def cross_checks(root: Path, files: list, locator) -> dict[str, list[Diagnostic]
     runs = [f for f in files if isinstance(f.obj, Run) and not f.diags]
     templates_all = {}
     template_files = [f for f in files if f.kind == "ExecutionTemplate"]
-    for f in template_files:
+    # Files whose name matches their id first: when an id is defined twice, the misnamed copy is at fault.
+    for f in sorted(template_files, key=lambda f: f.obj is None or f.path.stem != f.obj.id):
         tid = f.obj.id if f.obj is not None else f.path.stem
         if f.obj is not None and f.path.stem != f.obj.id:
             add(f, ("id",), f"id '{f.obj.id}' must equal the file name '{f.path.stem}'")
         if tid in templates_all and f.obj is not None:
             add(f, ("id",), f"template id '{tid}' is also defined in {templates_all[tid].rel}")
         templates_all.setdefault(tid, f)
+        templates_all.setdefault(f.path.stem, f)  # a run naming the file still finds it (and sees it is invalid)
     for f in template_files:
         if isinstance(f.obj, ExecutionTemplate):
             _check_template(f, add)
@@ -98,8 +100,11 @@ def cross_checks(root: Path, files: list, locator) -> dict[str, list[Diagnostic]
         else:
             by_name[(f.kind, name)] = f
 
+    # A template with a cross-file error (id != file name, id defined twice) is as invalid as one
+    # that failed its schema: the runs that use it must not pass.
+    invalid_templates = {f.rel for f in template_files if out.get(f.rel)}
     for f in runs:
-        _check_run(root, f, templates_all, add)
+        _check_run(root, f, templates_all, add, invalid_templates)
 
     machines: dict[str, Any] = {}
     for f in files:
@@ -145,14 +150,14 @@ def _check_resources_machine(f, i: int, m, add) -> None:
         add(f, ("spec", "machines", i, "resources", "gpus"), "a GPU type is listed twice; add the counts")
 
 
-def _check_run(root: Path, f, templates: dict, add) -> None:
+def _check_run(root: Path, f, templates: dict, add, invalid_templates: set[str] = frozenset()) -> None:
     run: Run = f.obj
     spec = run.spec
     tf = templates.get(spec.template)
     if tf is None:
         hint = f" (known: {', '.join(sorted(templates)[:8])})" if templates else " (execution_templates/ is empty)"
         add(f, ("spec", "template"), f"template '{spec.template}' not found{hint}")
-    elif tf.obj is None or tf.diags:
+    elif tf.obj is None or tf.diags or tf.rel in invalid_templates:
         add(f, ("spec", "template"), f"template '{spec.template}' is invalid (see {tf.rel})")
     else:
         template: ExecutionTemplate = tf.obj
@@ -176,6 +181,7 @@ def _check_run(root: Path, f, templates: dict, add) -> None:
         seen.add(item)
     if len(set(spec.secrets)) != len(spec.secrets):
         add(f, ("spec", "secrets"), "a secret is named twice")
+    _check_staged_paths(root, f, add)
     env_keys = set(getattr(spec.task, "env", {}) or {})
     for name in spec.secrets:
         if name in env_keys:
@@ -213,3 +219,46 @@ def input_problem(root: Path, item: str) -> str | None:
                     if not target.is_relative_to(root.resolve()):
                         return f"input '{item}' contains a symlink that escapes the repository: {child.relative_to(root)}"
     return None
+
+
+def _check_staged_paths(root: Path, f, add) -> None:
+    """Task values that name staged files (``inputs/...``) must be covered by spec.inputs (or the code pin).
+
+    The entrypoint runs from the bundle's root, where ``inputs/<path>`` holds the repository's
+    ``<path>`` for each listed input. A value naming a repository file without the ``inputs/`` prefix
+    would be looked up on the execution plane's own disk (or the hub), so it gets a hint too.
+    """
+    from ..tasks.swift import bundle_paths
+
+    spec = f.obj.spec
+    task = spec.task
+    if task.type not in ("swift-sft", "swift-rlhf"):
+        return
+    code_dir = spec.code.path if spec.code is not None else None
+    if code_dir is not None:
+        for i, item in enumerate(spec.inputs):
+            if item == code_dir or item.startswith(code_dir + "/") or code_dir.startswith(item + "/"):
+                add(f, ("spec", "code", "path"), f"code.path '{code_dir}' overlaps input '{item}' (both go under inputs/)")
+    for loc, value in bundle_paths(task):
+        rel = value[len("inputs/"):].rstrip("/")
+        covering = [i for i in spec.inputs if rel == i.rstrip("/") or rel.startswith(i.rstrip("/") + "/")]
+        if code_dir is not None and (rel == code_dir or rel.startswith(code_dir + "/")):
+            continue
+        if not covering:
+            listed = ", ".join(spec.inputs) if spec.inputs else "none"
+            add(f, ("spec", "task") + loc, f"'{value}' is not staged: add '{rel}' (or a folder holding it) to "
+                                           f"spec.inputs (listed: {listed})")
+        elif not os.path.lexists(root / rel):
+            add(f, ("spec", "task") + loc, f"'{value}': '{rel}' does not exist in the repository "
+                                           f"(input '{covering[0]}' does not hold it)")
+    staged = {loc for loc, _ in bundle_paths(task)}
+    for key in ("dataset", "val_dataset"):
+        for i, value in enumerate(getattr(task, key, []) or []):
+            path = value.split("#", 1)[0]
+            if (key, i) in staged or not path or path.startswith("/"):
+                continue
+            if input_problem(root, path) is None and (root / path).is_file():
+                hint = (f"inputs/{path}" if any(path == x or path.startswith(x.rstrip("/") + "/") for x in spec.inputs)
+                        else f"inputs/{path} and list '{path}' in spec.inputs")
+                add(f, ("spec", "task", key, i), f"'{value}' is a repository file; the run sees staged files under "
+                                                 f"inputs/: use {hint}")

@@ -66,6 +66,27 @@ class CommandTask(Strict):
     )
 
 
+class SwiftRequires(Strict):
+    """What the execution plane's ms-swift must be; checked by the precheck before training (exit 3)."""
+
+    swift_version: str | None = Field(None, min_length=1, description="swift.__version__ must equal this.",
+                                      examples=["4.6.0"])
+    swift_fork: str | None = Field(
+        None,
+        description="Bundle path (under inputs/, so listed in spec.inputs) of a FORK_MANIFEST.json the imported "
+                    "swift package must match (tree_sha256). When the manifest has a 'root', that folder is put "
+                    "first on PYTHONPATH so the staged fork is the one imported.",
+        examples=["inputs/forks/acme-swift/FORK_MANIFEST.json"],
+    )
+
+    @field_validator("swift_fork")
+    @classmethod
+    def _staged(cls, v: str | None) -> str | None:
+        if v is not None and (not v.startswith("inputs/") or not v.endswith(".json") or ".." in v.split("/")):
+            raise ValueError(f"'{v}' must be a staged JSON file: inputs/<path listed in spec.inputs>/FORK_MANIFEST.json")
+        return v
+
+
 TUNER_TYPES = ("full", "lora", "longlora", "adalora", "llamapro", "adapter", "vera", "boft", "fourierft", "reft")
 
 
@@ -91,6 +112,8 @@ class SwiftCommon(Strict):
     logging_steps: int | None = Field(None, ge=1)
     save_total_limit: int | None = Field(None, ge=1)
     seed: int | None = None
+    requires: SwiftRequires | None = Field(None, description="Declared ms-swift version or fork; a mismatch fails "
+                                           "the run before training, with the reason in its status.")
     resume: Literal["auto", "never"] = Field(
         "auto", description="auto: a relaunch resumes from the latest checkpoint of the previous attempt."
     )
@@ -106,6 +129,16 @@ class SwiftCommon(Strict):
         if isinstance(data, dict) and "train_type" in data:
             raise ValueError("'train_type' was renamed to 'tuner_type' in ms-swift 4; use tuner_type")
         return data
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.tuner_type == "full":
+            lora = [k for k in ("lora_rank", "lora_alpha") if getattr(self, k) is not None]
+            lora += [k for k in self.args if k.startswith("lora_")]
+            if lora:
+                raise ValueError(f"{', '.join(lora)}: LoRA settings, but tuner_type is 'full' (use tuner_type: lora, "
+                                 "or remove them)")
+        return self
 
     @field_validator("args")
     @classmethod
@@ -148,6 +181,16 @@ class SwiftRlhfTask(SwiftCommon):
     ref_model: str | None = None
     reward_funcs: list[str] = Field(default_factory=list, description="grpo: reward functions.")
 
+    @model_validator(mode="after")
+    def _rlhf(self):
+        if self.rlhf_type == "grpo" and not self.reward_funcs and "reward_model" not in self.args:
+            raise ValueError("rlhf_type grpo needs reward_funcs (e.g. [accuracy, format]) or args.reward_model")
+        if self.reward_funcs and self.rlhf_type != "grpo":
+            raise ValueError(f"reward_funcs only apply to rlhf_type grpo, not {self.rlhf_type}")
+        if self.beta is not None and self.rlhf_type in ("rm",):
+            raise ValueError("beta does not apply to rlhf_type rm")
+        return self
+
 
 Task = Annotated[Union[CommandTask, SwiftSftTask, SwiftRlhfTask], Field(discriminator="type")]
 
@@ -157,7 +200,15 @@ Task = Annotated[Union[CommandTask, SwiftSftTask, SwiftRlhfTask], Field(discrimi
 class CodePin(Strict):
     repo: str = Field(description="Upstream code repository URL or path.", examples=["https://github.com/org/trainer.git"])
     commit: str = Field(description="Exact 40-hex commit; branches and tags move, so they are refused.")
-    path: str = Field("code", description="Folder under inputs/ the code is checked out into.")
+    path: str = Field("code", pattern=r"^[A-Za-z0-9_.][A-Za-z0-9_.\-]*(/[A-Za-z0-9_.][A-Za-z0-9_.\-]*)*$",
+                      description="Folder under inputs/ the code is checked out into (relative, no '..').")
+
+    @field_validator("path")
+    @classmethod
+    def _rel(cls, v: str) -> str:
+        if ".." in v.split("/"):
+            raise ValueError("must not contain '..'")
+        return v
 
     @field_validator("commit")
     @classmethod

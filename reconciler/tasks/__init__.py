@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 
@@ -18,6 +19,7 @@ class RenderContext:
     python: str | None  # the execution plane's python, when the task needs one
     resume_from: str | None = None  # bundle-relative checkpoint path from a previous attempt
     gpus: list[int] = field(default_factory=list)
+    bundle: Path | None = None  # the bundle being built, inputs/ already staged (read-only for renderers)
 
 
 @dataclass

@@ -1,0 +1,339 @@
+"""Placement ``ssh``: a Fleet machine reached over one SSH connection per pass (paramiko).
+
+One connection per machine per pass, opened on first use and reused by every command of the pass
+(observe, stage, launch, collect). Each operation is one command on one channel of that
+connection, so its cost is one round trip:
+
+- ``agent(args)``: the stdlib agent's source (``runtime/probe.py``) goes to ``python3 -`` on stdin,
+  its arguments as one JSON argv word (embedded into the program when they are too large for argv);
+  one call reports every workspace of the machine.
+- ``stage()``: the bundle's deterministic archive goes to ``tar`` on stdin and is unpacked into a
+  fresh temporary folder that is renamed into ``<workspace_root>/<identity>``; a workspace that
+  already has ``job.json`` is kept as is (idempotent).
+- ``put_secret_file()``: the content goes on stdin to a ``umask 077`` shell that writes it 0600 and
+  renames it into place; the value is never part of a command line or a log.
+- ``fetch()``: one ``tar`` of ``runtime/`` and ``artifacts/`` on stdout, unpacked into the local bundle.
+
+Why paramiko directly and not fabric's ``Connection.run``: every command here needs binary stdin
+and stdout streamed on one channel with a deadline; fabric adds invoke's runner threads and
+stdin handling (``in_stream``) around the same paramiko channel and nothing this needs.
+
+Host keys are never accepted blindly: the machine's pinned ``ssh.host_key``, else the fleet's
+``known_hosts`` file; an unknown or different key is a ``PermanentError`` raised before any
+authentication. Unreachable machines (refused, timed out, DNS, authentication, a dropped
+session) raise ``TemporaryError``: the machine is Unknown, not dead.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import posixpath
+import select
+import shlex
+import socket
+import tarfile
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import paramiko
+
+from .. import bundle as bundles
+from ..errors import PermanentError, TemporaryError
+from ..runtime import probe as agent_module
+from .base import Completed, MachineInfo
+
+# argv words beyond this size are embedded into the agent program instead (MAX_ARG_STRLEN is 128 KiB).
+ARGV_LIMIT = 64 * 1024
+_AGENT_SOURCE: str | None = None
+
+
+def agent_source() -> str:
+    global _AGENT_SOURCE
+    if _AGENT_SOURCE is None:
+        _AGENT_SOURCE = Path(agent_module.__file__).read_text(encoding="utf-8")
+    return _AGENT_SOURCE
+
+
+def agent_program(args: dict) -> tuple[str, list[str]]:
+    """The program for ``python3 -`` and its argv: arguments as argv, or embedded when large."""
+    text = json.dumps(args, separators=(",", ":"), sort_keys=True)
+    source = agent_source()
+    if len(text) <= ARGV_LIMIT:
+        return source, [text]
+    head, sep, _ = source.rpartition('if __name__ == "__main__":')
+    if not sep:
+        raise RuntimeError("runtime/probe.py lost its main guard")
+    return head + f"\nsys.exit(main(['-', {text!r}]))\n", []
+
+
+class UnknownHostKey(paramiko.SSHException):
+    pass
+
+
+class _RejectUnknown(paramiko.MissingHostKeyPolicy):
+    """paramiko's RejectPolicy with an exception of our own, so the message can be made clear."""
+
+    def missing_host_key(self, client, hostname, key):  # noqa: D401 - paramiko's signature
+        raise UnknownHostKey(f"{hostname} {key.get_name()} {key.get_base64()}")
+
+
+class SshTransport:
+    def __init__(self, machine: MachineInfo, connect_timeout: float = 5.0, command_timeout: float = 60.0):
+        if machine.fleet_machine is None:
+            raise PermanentError(f"machine {machine.name!r} has no ssh endpoint")
+        self.machine = machine
+        self.endpoint = machine.fleet_machine.ssh
+        self.connect_timeout = connect_timeout
+        self.command_timeout = command_timeout
+        self.round_trips = 0
+        self._client: paramiko.SSHClient | None = None
+        self._lock = threading.Lock()
+        root = machine.workspace_root
+        self._root: str | None = root if root.startswith("/") else None
+
+    # ------------------------------------------------------------------ naming
+
+    @property
+    def where(self) -> str:
+        return f"{self.machine.name} ({self.endpoint.host}:{self.endpoint.port})"
+
+    def workspace(self, identity: str) -> str:
+        return posixpath.join(self.root(), identity)
+
+    def root(self) -> str:
+        """The absolute workspace root; a root relative to (or under ``~`` of) the login's home is
+        resolved on the machine, normally for free by the pass's probe."""
+        if self._root is None:
+            r = self._exec('printf %s "$HOME"', None, self.command_timeout)
+            home = r[1].decode().strip()
+            if r[0] != 0 or not home.startswith("/"):
+                raise TemporaryError(f"cannot find the login's home on {self.where}")
+            rel = self.machine.workspace_root
+            if rel == "~" or rel.startswith("~/"):
+                rel = rel[2:]
+            self._root = posixpath.normpath(posixpath.join(home, rel))
+        return self._root
+
+    # ------------------------------------------------------------------ connection
+
+    def _host_keys_note(self) -> str:
+        src = self.machine.source or "its Fleet"
+        return src
+
+    def _connect(self) -> paramiko.SSHClient:
+        with self._lock:
+            if self._client is not None:
+                tr = self._client.get_transport()
+                if tr is not None and tr.is_active():
+                    return self._client
+                self._client.close()
+                self._client = None
+            ep = self.endpoint
+            client = paramiko.SSHClient()
+            keys = client.get_host_keys()
+            hostname = ep.host if ep.port == 22 else f"[{ep.host}]:{ep.port}"
+            pinned = ep.host_key
+            if pinned:
+                parts = pinned.split()
+                try:
+                    key = paramiko.PKey.from_type_string(parts[0], base64.b64decode(parts[1]))
+                except Exception as e:  # noqa: BLE001 - any malformed key is the spec's fault
+                    raise PermanentError(f"ssh.host_key of {self.machine.name} in {self._host_keys_note()} "
+                                         f"is not a public key line ('ssh-ed25519 AAAA...'): {e}") from None
+                keys.add(hostname, parts[0], key)
+            elif self.machine.known_hosts:
+                path = os.path.expanduser(self.machine.known_hosts)
+                try:
+                    client.load_host_keys(path)
+                except OSError as e:
+                    raise PermanentError(f"known_hosts file {path} of {self._host_keys_note()} cannot be read "
+                                         f"({e.strerror}): refusing to connect to {self.where}") from None
+            client.set_missing_host_key_policy(_RejectUnknown())
+            ident = os.path.expanduser(ep.identity_file) if ep.identity_file else None
+            try:
+                client.connect(
+                    ep.host, port=ep.port, username=ep.user, key_filename=ident,
+                    look_for_keys=ident is None, allow_agent=ident is None,
+                    timeout=self.connect_timeout, banner_timeout=self.connect_timeout,
+                    auth_timeout=self.connect_timeout, channel_timeout=self.connect_timeout,
+                )
+            except paramiko.BadHostKeyException as e:
+                client.close()
+                how = "the pinned key" if pinned else f"the key in {self.machine.known_hosts}"
+                raise PermanentError(
+                    f"host key for {self.where} does not match {how} in {self._host_keys_note()}: "
+                    f"refusing to connect (it offered {e.key.get_name()} "
+                    f"{e.key.get_fingerprint().hex()[:16]}…)") from None
+            except UnknownHostKey:
+                client.close()
+                if self.machine.known_hosts:
+                    why = f"it is not in {self.machine.known_hosts}"
+                else:
+                    why = "neither ssh.host_key nor the fleet's known_hosts is set"
+                raise PermanentError(f"host key for {self.where} is unknown ({why}; see {self._host_keys_note()}): "
+                                     "refusing to connect") from None
+            except paramiko.AuthenticationException as e:
+                client.close()
+                raise TemporaryError(f"{self.where}: authentication as {ep.user} failed: {e}") from None
+            except socket.gaierror as e:
+                client.close()
+                raise TemporaryError(f"{self.where}: cannot resolve {ep.host}: {e.strerror or e}") from None
+            except (socket.timeout, TimeoutError):
+                client.close()
+                raise TemporaryError(f"{self.where}: connection timed out after {self.connect_timeout:g}s") from None
+            except paramiko.ssh_exception.NoValidConnectionsError:
+                client.close()
+                raise TemporaryError(f"{self.where}: connection refused") from None
+            except (OSError, paramiko.SSHException, EOFError) as e:
+                client.close()
+                raise TemporaryError(f"{self.where}: cannot connect: {type(e).__name__}: {e}") from None
+            self._client = client
+            return client
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    # ------------------------------------------------------------------ commands
+
+    def _exec(self, command: str, stdin: bytes | None, timeout: float, sink=None) -> tuple[int, bytes, bytes]:
+        """Run one command on one channel: send stdin, read stdout (into ``sink`` if given) and
+        stderr until EOF or the deadline. Returns (rc, stdout, stderr); rc 124 on timeout."""
+        client = self._connect()
+        self.round_trips += 1
+        out = bytearray()
+        err = bytearray()
+        deadline = time.monotonic() + timeout
+        try:
+            chan = client.get_transport().open_session(timeout=self.connect_timeout)
+        except (paramiko.SSHException, OSError, EOFError, AttributeError) as e:
+            self.close()
+            raise TemporaryError(f"{self.where}: cannot open a session: {e}") from None
+        try:
+            chan.exec_command(command)
+            if stdin:
+                chan.sendall(stdin)
+            chan.shutdown_write()
+            while True:
+                while chan.recv_ready():
+                    data = chan.recv(1 << 16)
+                    if sink is not None:
+                        sink.write(data)
+                    else:
+                        out += data
+                while chan.recv_stderr_ready():
+                    err += chan.recv_stderr(1 << 16)
+                if (chan.eof_received or chan.closed) and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return 124, bytes(out), bytes(err) + f"timed out after {timeout:g}s".encode()
+                select.select([chan], [], [], min(left, 1.0))
+            left = max(0.0, deadline - time.monotonic())
+            if not chan.status_event.wait(min(left, 5.0) or 0.1):
+                return 124, bytes(out), bytes(err) + b"no exit status"
+            return chan.recv_exit_status(), bytes(out), bytes(err)
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            self.close()
+            raise TemporaryError(f"{self.where}: session lost: {type(e).__name__}: {e}") from None
+        finally:
+            chan.close()
+
+    def _env(self) -> str:
+        return f"DOCKER_HOST={shlex.quote(self.machine.docker_host)} " if self.machine.docker_host else ""
+
+    def sh(self, script: str, timeout: float = 60.0) -> Completed:
+        prefix = f"export DOCKER_HOST={shlex.quote(self.machine.docker_host)}\n" if self.machine.docker_host else ""
+        rc, out, err = self._exec("sh -c " + shlex.quote(prefix + script), None, timeout)
+        return Completed(rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+
+    def agent(self, args: dict) -> dict:
+        if args.get("op") == "probe":
+            args = dict(args, root=self._root or self.machine.workspace_root)
+        program, argv = agent_program(args)
+        command = self._env() + "python3 - " + " ".join(shlex.quote(a) for a in argv)
+        rc, out, err = self._exec(command, program.encode(), self.command_timeout)
+        if rc != 0:
+            tail = err.decode("utf-8", "replace").strip()[-300:]
+            if rc == 127:
+                raise TemporaryError(f"{self.where}: python3 not found on the machine: {tail}")
+            raise TemporaryError(f"{self.where}: agent {args.get('op')} failed (exit {rc}): {tail}")
+        try:
+            report = json.loads(out.decode("utf-8", "replace"))
+        except ValueError:
+            raise TemporaryError(f"{self.where}: agent printed no JSON: {out[:200]!r}") from None
+        if args.get("op") == "probe" and isinstance(report.get("root"), str) and report["root"].startswith("/"):
+            self._root = report["root"]
+        return report
+
+    # ------------------------------------------------------------------ files
+
+    def stage(self, bundle: Path, identity: str) -> str:
+        ws = self.workspace(identity)
+        q = shlex.quote(ws)
+        tmp = shlex.quote(posixpath.join(posixpath.dirname(ws), f".{identity}.staging"))
+        script = (
+            f"if [ -f {q}/job.json ]; then echo kept; exit 0; fi\n"
+            f"mkdir -p {shlex.quote(posixpath.dirname(ws))} || exit 3\n"
+            f"rm -rf {tmp} {q} && mkdir -p {tmp} && tar -xzf - -C {tmp} && mkdir -p {tmp}/runtime {tmp}/artifacts "
+            f"&& mv {tmp} {q} && echo staged\n"
+        )
+        data = bundles.archive(Path(bundle))
+        rc, out, err = self._exec("sh -c " + shlex.quote(script), data, self.command_timeout)
+        if rc != 0:
+            raise TemporaryError(f"staging {identity} on {self.where} failed (exit {rc}): "
+                                 f"{err.decode('utf-8', 'replace').strip()[:300]}")
+        return ws
+
+    def put_secret_file(self, workspace: str, content: bytes) -> None:
+        rt = shlex.quote(posixpath.join(workspace, "runtime"))
+        script = f"umask 077 && mkdir -p {rt} && cat > {rt}/.secrets.env.tmp && mv {rt}/.secrets.env.tmp {rt}/secrets.env"
+        rc, _, err = self._exec("sh -c " + shlex.quote(script), content, self.command_timeout)
+        if rc != 0:  # the error comes from mkdir/cat/mv and never contains the content
+            raise TemporaryError(f"writing the secrets file on {self.where} failed (exit {rc}): "
+                                 f"{err.decode('utf-8', 'replace').strip()[:200]}")
+
+    def fetch(self, identity: str, dest: Path) -> None:
+        """runtime/ and artifacts/ of the workspace, as one tar over one command, into ``dest``."""
+        ws = shlex.quote(self.workspace(identity))
+        script = (f"cd {ws} || exit 97\nmkdir -p runtime artifacts\n"
+                  "exec tar -cf - --exclude=runtime/secrets.env --exclude=runtime/.secrets.env.tmp runtime artifacts")
+        dest = Path(dest)
+        dest.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=dest.parent) as spool:
+            rc, _, err = self._exec("sh -c " + shlex.quote(script), None, max(self.command_timeout, 600.0), sink=spool)
+            if rc == 97:
+                raise TemporaryError(f"workspace of {identity} is gone from {self.where}")
+            if rc != 0:
+                raise TemporaryError(f"fetching {identity} from {self.where} failed (exit {rc}): "
+                                     f"{err.decode('utf-8', 'replace').strip()[:300]}")
+            spool.seek(0)
+            with tarfile.open(fileobj=spool, mode="r|") as tar:
+                if hasattr(tarfile, "data_filter"):
+                    tar.extractall(dest, filter=_only_runtime_and_artifacts)
+                else:
+                    for member in tar:
+                        if _only_runtime_and_artifacts(member, str(dest)) is not None:
+                            tar.extract(member, dest)
+
+
+def _only_runtime_and_artifacts(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
+    """tarfile's 'data' filter (no absolute paths, no escapes, no devices) limited to two folders."""
+    if hasattr(tarfile, "data_filter"):
+        member = tarfile.data_filter(member, path)
+    elif (member.name.startswith("/") or ".." in member.name.split("/")
+          or not (member.isfile() or member.isdir())):  # python < 3.10.12: the same rules, by hand
+        return None
+    top = member.name.split("/", 1)[0]
+    if top not in ("runtime", "artifacts") or member.name.endswith("secrets.env"):
+        return None
+    return member
+
+
+__all__ = ["SshTransport", "agent_program", "agent_source"]

@@ -1,0 +1,313 @@
+"""Provenance: what a run was made of and what it made, written as ``artifacts/manifest.json`` at collection.
+
+The manifest has two halves:
+
+- ``reproducibility``: everything that should be the same when the same spec at the same commit runs
+  again: the spec (digest and commit), a snapshot of the execution template, the task, the code pin
+  (repository, commit and a digest of the staged tree), the sha256 of every staged input, and the
+  versions the execution plane's python really imported (from the precheck: python, torch, CUDA,
+  ms-swift and its fork check, transformers, peft, trl, ...). ``reproducibility_digest`` hashes it.
+  Two runs of the same spec commit on the same kind of environment have identical reproducibility
+  fields, and so the same digest; a difference names what changed.
+- ``run``: what is particular to this instance: identity, machine and host, the GPUs (inventory from
+  ``nvml-audit.jsonl``, or why NVML was unavailable), timestamps, the result, the checkpoint it
+  resumed from, the precheck's verdict, the last training step, and every artifact with its size and
+  sha256.
+
+It is built on the control plane from files only (``job.json``, ``runtime/``, ``artifacts/``): no
+import of torch or swift. ``reconcile provenance NAME`` prints it; ``--diff OTHER`` lists the fields
+that differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import bundle as bundles
+from .identity import parse
+
+SCHEMA = "reconciler.provenance/1"
+ENV_PACKAGES = ("torch", "ms-swift", "transformers", "peft", "trl", "accelerate", "nvidia-ml-py")
+
+
+def _load_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(ts)))
+
+
+def _read_ts(path: Path) -> float | None:
+    try:
+        return float(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def canonical_digest(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def last_commit(repo: Path, rel: str) -> str | None:
+    """The last commit that changed ``rel`` in the repository at ``repo`` (None outside git)."""
+    import subprocess
+
+    try:
+        p = subprocess.run(["git", "-C", str(repo), "log", "-1", "--format=%H", "--", rel], capture_output=True,
+                           text=True, timeout=30, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    out = p.stdout.strip()
+    return out if p.returncode == 0 and len(out) == 40 else None
+
+
+# ---------------------------------------------------------------- sections
+
+
+def environment(precheck: dict | None) -> dict | None:
+    """The versions the training python imported, from runtime-precheck.json (paths and hosts left out)."""
+    if not isinstance(precheck, dict):
+        return None
+    py = precheck.get("python") or {}
+    packages = precheck.get("packages") or {}
+    torch = precheck.get("torch") or {}
+    swift = precheck.get("swift") or {}
+    env: dict[str, Any] = {
+        "python": {"version": py.get("version"), "implementation": py.get("implementation")},
+        "packages": {k: (packages.get(k) or {}).get("version") for k in ENV_PACKAGES},
+        "torch": {"version": torch.get("version"), "cuda_version": torch.get("cuda_version"),
+                  "cudnn_version": torch.get("cudnn_version")} if torch.get("present") else None,
+        "swift": {"version": swift.get("version")} if swift.get("present") else None,
+        "checks": [{"name": c.get("name"), "ok": c.get("ok"),
+                    **({"fork": (c.get("fork") or {}).get("name"), "tree_sha256": c.get("tree_sha256")}
+                       if c.get("name") == "swift_fork" else {}),
+                    **({"expected": c.get("expected")} if c.get("name") == "swift_version" else {})}
+                   for c in precheck.get("checks") or [] if isinstance(c, dict)],
+    }
+    return env
+
+
+def gpu_inventory(audit: Path) -> dict:
+    """The GPUs as the sampler saw them: its inventory line, or why NVML was unavailable."""
+    out: dict[str, Any] = {"source": "artifacts/nvml-audit.jsonl"}
+    try:
+        lines = audit.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return {"source": None, "available": False, "reason": "no nvml-audit.jsonl (no sampler ran)"}
+    samples = 0
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        ev = rec.get("event") if isinstance(rec, dict) else None
+        if ev == "nvml_unavailable" and "available" not in out:
+            out.update(available=False, reason=rec.get("reason"))
+        elif ev == "inventory" and not out.get("available"):
+            out.update(available=True, driver_version=rec.get("driver_version"),
+                       cuda_driver_version=rec.get("cuda_driver_version"),
+                       devices=[{k: d.get(k) for k in ("index", "name", "uuid", "memory_total_mib")}
+                                for d in rec.get("devices") or []])
+        elif ev == "sample":
+            samples += 1
+    out.setdefault("available", False)
+    out["samples"] = samples
+    return out
+
+
+def last_step(root: Path) -> dict | None:
+    from .runtime.probe import _progress  # the probe's own reading of logging.jsonl
+
+    return _progress(str(root))
+
+
+def build(root: Path, collected_at: float | None = None) -> dict:
+    """The provenance manifest of a collected bundle folder (``job.json``, ``runtime/``, ``artifacts/``)."""
+    root = Path(root)
+    job = (_load_json(root / "job.json") or {}).get("payload") or {}
+    precheck = _load_json(root / "artifacts" / "runtime-precheck.json")
+    result = _load_json(root / "runtime" / "result.json") or {}
+    ident = parse(job.get("identity") or root.name)
+    repro = {
+        # The commit that last changed the spec file: HEAD moves with every status commit.
+        "spec": {"digest": job.get("spec_digest"), "commit": job.get("spec_source_commit") or job.get("spec_commit")},
+        "template": job.get("template"),
+        "task": job.get("task"),
+        "code": job.get("code"),
+        "inputs": [{k: i.get(k) for k in ("path", "kind", "size", "files", "sha256") if k in i}
+                   for i in job.get("inputs") or []],
+        "environment": environment(precheck),
+    }
+    started = _read_ts(root / "runtime" / "started_at")
+    launched = _read_ts(root / "runtime" / "launched_at")
+    plat = (precheck or {}).get("platform") or {}
+    run = {
+        "identity": job.get("identity") or root.name,
+        "name": job.get("name"),
+        "generation": ident.generation if ident else None,
+        "attempt": ident.attempt if ident else None,
+        "repo_head": job.get("spec_commit"),
+        "machine": job.get("machine"),
+        "backend": job.get("backend"),
+        "hostname": plat.get("hostname"),
+        "platform": plat.get("platform"),
+        "python_executable": ((precheck or {}).get("python") or {}).get("executable"),
+        "gpus_assigned": job.get("gpus") or [],
+        "gpu_inventory": gpu_inventory(root / "artifacts" / "nvml-audit.jsonl"),
+        "timestamps": {"launched_at": _iso(launched), "started_at": _iso(started),
+                       "finished_at": result.get("finished_at") or _iso(result.get("finished_ts")),
+                       "collected_at": _iso(collected_at if collected_at is not None else time.time())},
+        "result": {"state": result.get("state"), "exit_code": result.get("exit_code")},
+        "resumed_from": job.get("resume_from"),
+        "precheck": ({"ok": precheck.get("ok"), "reason": precheck.get("reason"),
+                      "duration_s": precheck.get("duration_s")} if isinstance(precheck, dict) else None),
+        "last_step": last_step(root),
+        "bundle_digest": bundles.digest(root) if (root / "job.json").is_file() else None,
+        "artifacts": bundles.manifest(root)["artifacts"],
+    }
+    return {"schema": SCHEMA, "reproducibility_digest": canonical_digest(repro), "reproducibility": repro,
+            "run": run}
+
+
+def summary(manifest: dict) -> dict:
+    """The few fields that go into status.provenance (the full manifest stays with the artifacts)."""
+    repro, run = manifest.get("reproducibility") or {}, manifest.get("run") or {}
+    env = repro.get("environment") or {}
+    code = repro.get("code") or {}
+    inv = run.get("gpu_inventory") or {}
+    out = {
+        "manifest": "artifacts/manifest.json",
+        "reproducibility_digest": manifest.get("reproducibility_digest"),
+        "spec_commit": (repro.get("spec") or {}).get("commit"),
+        "code": f"{code.get('repo')}@{code.get('commit')}" if code else None,
+        "inputs": len(repro.get("inputs") or []),
+        "swift": ((env.get("swift") or {}).get("version")) if env else None,
+        "torch": ((env.get("torch") or {}).get("version")) if env else None,
+        "gpus": (", ".join(d.get("name") or "?" for d in inv.get("devices") or []) if inv.get("available")
+                 else f"none ({inv.get('reason')})"),
+        "artifacts": len(run.get("artifacts") or []),
+    }
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def write(root: Path, collected_at: float | None = None) -> dict:
+    manifest = build(root, collected_at)
+    path = Path(root) / "artifacts" / "manifest.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(".manifest.json.tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return manifest
+
+
+# ---------------------------------------------------------------- diff
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted keys → scalar values; lists of records with a 'path' (inputs, artifacts) are keyed by it."""
+    out: dict[str, Any] = {}
+    if isinstance(value, dict):
+        if not value and prefix:
+            out[prefix] = {}
+        for k in sorted(value):
+            out.update(flatten(value[k], f"{prefix}.{k}" if prefix else str(k)))
+    elif isinstance(value, list):
+        keyed = value and all(isinstance(v, dict) and ("path" in v or "name" in v) for v in value)
+        if not value:
+            out[prefix] = []
+        for i, v in enumerate(value):
+            key = (v.get("path") if "path" in v else v.get("name")) if keyed else i
+            out.update(flatten(v, f"{prefix}[{key}]"))
+    else:
+        out[prefix] = value
+    return out
+
+
+def diff(a: dict, b: dict, section: str) -> list[tuple[str, Any, Any]]:
+    fa, fb = flatten(a.get(section) or {}, section), flatten(b.get(section) or {}, section)
+    missing = object()
+    rows = []
+    for key in sorted(set(fa) | set(fb)):
+        va, vb = fa.get(key, missing), fb.get(key, missing)
+        if va != vb:
+            rows.append((key, None if va is missing else va, None if vb is missing else vb))
+    return rows
+
+
+def _short(v: Any) -> str:
+    text = json.dumps(v, ensure_ascii=False, default=str) if not isinstance(v, str) else v
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def diff_text(a: dict, b: dict, name_a: str, name_b: str) -> tuple[str, bool]:
+    """Readable diff and whether the reproducibility halves differ."""
+    lines = [f"--- {name_a}", f"+++ {name_b}"]
+    repro = diff(a, b, "reproducibility")
+    if repro:
+        lines.append(f"reproducibility: {len(repro)} field(s) differ")
+    else:
+        lines.append(f"reproducibility: identical ({a.get('reproducibility_digest')})")
+    for key, va, vb in repro:
+        lines.append(f"  {key}: {_short(va)} -> {_short(vb)}")
+    run = diff(a, b, "run")
+    lines.append(f"run: {len(run)} field(s) differ" if run else "run: identical")
+    for key, va, vb in run:
+        lines.append(f"  {key}: {_short(va)} -> {_short(vb)}")
+    return "\n".join(lines) + "\n", bool(repro)
+
+
+# ---------------------------------------------------------------- command
+
+
+def locate(cfg, name_or_identity: str) -> tuple[Path | None, str]:
+    """The manifest of a run (its current attempt, from its status) or of an identity, on this host."""
+    from . import status as statuses
+
+    ident = name_or_identity
+    if parse(name_or_identity) is None:
+        st = statuses.load_all(cfg.repo / "status").get(name_or_identity)
+        if st is None or st.handle is None or not st.handle.identity:
+            return None, f"no status with a launched instance for run {name_or_identity!r}"
+        ident = st.handle.identity
+    candidates = [Path(cfg.local_root) / ident, cfg.state_dir / "bundles" / ident]
+    for c in candidates:
+        if (c / "artifacts" / "manifest.json").is_file():
+            return c / "artifacts" / "manifest.json", ident
+    return None, (f"{ident} has no artifacts/manifest.json on this host (looked in "
+                  + ", ".join(str(c) for c in candidates) + "); it is written when the run is collected")
+
+
+def cmd_provenance(args, cfg) -> int:
+    path, ident = locate(cfg, args.name)
+    if path is None:
+        print(f"reconcile provenance: {ident}", file=sys.stderr)
+        return 1
+    manifest = _load_json(path)
+    if not getattr(args, "diff", None):
+        print(json.dumps(manifest, indent=2, sort_keys=True))
+        return 0
+    other_path, other_ident = locate(cfg, args.diff)
+    if other_path is None:
+        print(f"reconcile provenance: {other_ident}", file=sys.stderr)
+        return 1
+    other = _load_json(other_path)
+    if getattr(args, "json", False):
+        out = {section: [{"field": k, "a": va, "b": vb} for k, va, vb in diff(manifest, other, section)]
+               for section in ("reproducibility", "run")}
+        print(json.dumps({"a": ident, "b": other_ident, **out}, indent=2, sort_keys=True))
+        return 1 if out["reproducibility"] else 0
+    text, differs = diff_text(manifest, other, ident, other_ident)
+    print(text, end="")
+    return 1 if differs else 0

@@ -1,0 +1,51 @@
+"""``reconcile logs`` for a run on an SSH machine: while it runs (--follow) and after collection."""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.world import World, fleet, machine, run_spec, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+def cli(world: World, *args: str, **kw) -> subprocess.Popen:
+    env = dict(os.environ, RECONCILER_WORKSPACE_ROOT=str(world.local_root), RECONCILER_NAMESPACE="test",
+               RECONCILER_PUSH="false")
+    return subprocess.Popen([sys.executable, "-m", "reconciler", "logs", *args, "--repo", str(world.repo)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2], **kw)
+
+
+def test_logs_follow_on_ssh_then_collected(tmp_path, sshd):
+    w = World(tmp_path, [fleet([machine(sshd)])])
+    try:
+        w.add_run(run_spec("chatty", "ssh-host", ["sh", "-c", "echo first; echo oops >&2; "
+                                                  "while [ ! -e go ]; do sleep 0.05; done; "
+                                                  "for i in 1 2 3; do echo line $i; sleep 0.1; done; printf tail"]))
+        st = w.until("chatty", lambda s: s.phase == "Running")
+        ws = Path(st.handle.workspace)
+        wait_until(lambda: (ws / "artifacts" / "stdout.log").exists() and
+                   (ws / "artifacts" / "stdout.log").read_text() == "first\n", what="first line")
+        follower = cli(w, "chatty", "--follow", "--stream", "stdout")
+        ready, _, _ = select.select([follower.stdout], [], [], 20)
+        assert ready and follower.stdout.readline() == "first\n"  # printed, now polling
+        (ws / "go").write_text("")  # the job goes on while followed
+        out, err = follower.communicate(timeout=30)
+        assert follower.returncode == 0, err
+        assert out == "line 1\nline 2\nline 3\ntail"
+        p = cli(w, "chatty", "--stream", "stderr")
+        assert p.communicate(timeout=30)[0] == "oops\n"
+        st = w.until("chatty", lambda s: s.phase == "Succeeded")
+        assert not ws.exists()  # removed after collection: logs come from the collected copy
+        p = cli(w, "chatty", "-n", "2")
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 0, err
+        assert out == "line 3\ntail\noops\n"
+    finally:
+        w.cleanup()

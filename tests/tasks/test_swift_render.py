@@ -1,0 +1,281 @@
+"""swift-sft / swift-rlhf without ms-swift: rendering, bundles, code pins, validation messages."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import git
+import pytest
+import yaml
+
+from reconciler import bundle as bundles
+from reconciler import codepin
+from reconciler.errors import PermanentError
+from reconciler.spec.load import load_tree, run_digest
+from reconciler.spec.models import ExecutionTemplate, Run
+from reconciler.spec.resolve import effective
+from reconciler.tasks import RenderContext, render
+from reconciler.tasks.swift import CONFIG_PATH, PRECHECK_ARGS, swift_config
+
+PRECHECK = Path(__file__).resolve().parents[2] / "reconciler" / "runtime" / "precheck.py"
+
+
+def run_model(task: dict, **spec) -> Run:
+    base = {"type": "swift-sft", "model": "inputs/models/tiny", "dataset": ["inputs/data/sft.jsonl"]}
+    base.update(task)
+    return Run.model_validate({"apiVersion": "reconciler/v1", "kind": "Run", "metadata": {"name": "r"},
+                               "spec": {"template": "local-swift", "task": base, **spec}})
+
+
+def template(python: str | None = "/opt/swift-venv/bin/python") -> ExecutionTemplate:
+    return ExecutionTemplate.model_validate({
+        "apiVersion": "reconciler/v1", "kind": "ExecutionTemplate", "id": "local-swift",
+        "placement": {"kind": "local"}, "launch_mode": {"kind": "host_process"},
+        "defaults": {"python": python} if python else {}})
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def test_config_keys_typed_passthrough_and_managed():
+    run = run_model({"tuner_type": "lora", "lora_rank": 8, "max_steps": 10, "learning_rate": 1e-4,
+                     "requires": {"swift_version": "4.6.0"}, "args": {"warmup_ratio": 0.05, "report_to": "tensorboard"}})
+    cfg = swift_config(run.spec.task, RenderContext(identity="r-g1-a1", python=None))
+    assert cfg["model"] == "inputs/models/tiny" and cfg["dataset"] == ["inputs/data/sft.jsonl"]
+    assert cfg["tuner_type"] == "lora" and cfg["lora_rank"] == 8 and cfg["max_steps"] == 10
+    assert cfg["warmup_ratio"] == 0.05
+    assert cfg["report_to"] == "tensorboard" and cfg["check_model"] is False  # args override the defaults
+    assert cfg["output_dir"] == "artifacts/output" and cfg["add_version"] is False
+    for key in ("type", "args", "resume", "requires", "resume_from_checkpoint", "val_dataset"):
+        assert key not in cfg
+    assert list(cfg)[-2:] == ["output_dir", "add_version"]
+
+
+def test_resume_renders_checkpoint_only_with_resume_auto():
+    ctx = RenderContext(identity="r-g1-a2", python=None, resume_from="/ws/r-g1-a1/artifacts/output/checkpoint-5")
+    assert swift_config(run_model({}).spec.task, ctx)["resume_from_checkpoint"].endswith("checkpoint-5")
+    assert "resume_from_checkpoint" not in swift_config(run_model({"resume": "never"}).spec.task, ctx)
+
+
+def test_rendered_files_entrypoint_and_yaml_round_trip():
+    run = run_model({"requires": {"swift_version": "4.6.0", "swift_fork": "inputs/forks/acme/FORK_MANIFEST.json"},
+                     "learning_rate": 1e-4, "args": {"gradient_checkpointing": True, "target_modules": ["all-linear"]}})
+    r = render(run.spec.task, RenderContext(identity="r-g1-a1", python="/py"))
+    loaded = yaml.safe_load(r.files[CONFIG_PATH])  # what ms-swift's parse_yaml_args reads
+    assert loaded["learning_rate"] == 1e-4 and loaded["gradient_checkpointing"] is True
+    assert loaded["target_modules"] == ["all-linear"] and loaded["add_version"] is False
+    assert r.files[PRECHECK_ARGS].decode().splitlines() == [
+        "--expect-swift-version", "4.6.0", "--expect-swift-fork", "inputs/forks/acme/FORK_MANIFEST.json"]
+    ep = r.entrypoint
+    assert ep.index("scripts/precheck.py") < ep.index("cli_main")
+    assert "@scripts/precheck.args || exit $?" in ep and ep.rstrip().endswith("sft scripts/swift-config.yaml")
+    assert 'PY="${RECONCILER_PYTHON:-python3}"' in ep and "PYTHONPATH" not in ep
+    rl = Run.model_validate({"apiVersion": "reconciler/v1", "kind": "Run", "metadata": {"name": "r"},
+                             "spec": {"template": "t", "task": {"type": "swift-rlhf", "rlhf_type": "dpo", "beta": 0.1,
+                                                                "model": "m", "dataset": ["d"]}}})
+    r2 = render(rl.spec.task, RenderContext(identity="r-g1-a1", python=None))
+    assert r2.entrypoint.rstrip().endswith("rlhf scripts/swift-config.yaml")
+    assert yaml.safe_load(r2.files[CONFIG_PATH])["rlhf_type"] == "dpo"
+    assert r2.files[PRECHECK_ARGS] == b""
+
+
+def test_fork_manifest_root_goes_first_on_pythonpath(tmp_path):
+    fork = tmp_path / "inputs" / "forks" / "acme"
+    fork.mkdir(parents=True)
+    (fork / "FORK_MANIFEST.json").write_text(json.dumps({"format": 1, "name": "acme", "tree_sha256": "x",
+                                                         "root": "src"}))
+    run = run_model({"requires": {"swift_fork": "inputs/forks/acme/FORK_MANIFEST.json"}})
+    r = render(run.spec.task, RenderContext(identity="r-g1-a1", python=None, bundle=tmp_path))
+    assert 'PYTHONPATH="$RECONCILER_BUNDLE/inputs/forks/acme/src${PYTHONPATH:+:$PYTHONPATH}"' in r.entrypoint
+
+
+def test_precheck_reads_its_arguments_from_the_args_file(tmp_path):
+    """The reconciler's own python has no swift: a declared version is a mismatch, exit 3, with a reason."""
+    (tmp_path / "precheck.args").write_text("--expect-swift-version\n4.6.0\n")
+    p = subprocess.run([sys.executable, str(PRECHECK), "--json", str(tmp_path / "pre.json"),
+                        f"@{tmp_path / 'precheck.args'}"], capture_output=True, text=True, timeout=120)
+    report = json.loads((tmp_path / "pre.json").read_text())
+    if report["swift"].get("present"):
+        pytest.skip("swift is importable by the test python")
+    assert p.returncode == 3 and report["ok"] is False
+    assert report["checks"][0]["name"] == "swift_version" and "swift 4.6.0 expected" in report["reason"]
+    (tmp_path / "empty.args").write_text("")
+    p = subprocess.run([sys.executable, str(PRECHECK), "--json", str(tmp_path / "pre2.json"),
+                        f"@{tmp_path / 'empty.args'}"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and json.loads((tmp_path / "pre2.json").read_text())["checks"] == []
+
+
+# ---------------------------------------------------------------- bundles and code pins
+
+
+def git_repo(path: Path, files: dict[str, str]) -> git.Repo:
+    path.mkdir(parents=True)
+    repo = git.Repo.init(path, initial_branch="main")
+    with repo.config_writer() as cw:
+        cw.set_value("user", "name", "T")
+        cw.set_value("user", "email", "t@example.invalid")
+    for rel, text in files.items():
+        (path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (path / rel).write_text(text)
+    repo.git.add("-A")
+    repo.git.commit("-m", "c1")
+    return repo
+
+
+def build_bundle(tmp_path: Path, run: Run, identity: str = "r-g1-a1", machine: str = "local",
+                 python: str | None = "/opt/swift-venv/bin/python") -> Path:
+    t = template(python)
+    req = bundles.BundleRequest(repo_root=tmp_path / "repo", identity=identity, run=run, spec_digest=run_digest(run),
+                                spec_commit="c" * 40, template=t, effective=effective(run, t), machine=machine,
+                                python=python, spec_source_commit="d" * 40)
+    return bundles.build(req, tmp_path / "bundles" / identity).path
+
+
+def test_bundle_stages_inputs_code_and_python(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "data").mkdir(parents=True)
+    (repo / "data" / "sft.jsonl").write_text('{"messages": []}\n')
+    code = git_repo(tmp_path / "upstream", {"train.py": "print('hi')\n", "pkg/__init__.py": ""})
+    sha = code.head.commit.hexsha
+    run = run_model({"model": "Qwen/Qwen2.5-0.5B"}, inputs=["data/sft.jsonl"],
+                    code={"repo": str(tmp_path / "upstream"), "commit": sha, "path": "trainer"})
+    b = build_bundle(tmp_path, run)
+    assert (b / "inputs" / "data" / "sft.jsonl").is_file()
+    assert (b / "inputs" / "trainer" / "train.py").read_text() == "print('hi')\n"
+    assert not (b / "inputs" / "trainer" / ".git").exists()
+    assert "export RECONCILER_PYTHON=/opt/swift-venv/bin/python" in (b / "scripts" / "env.sh").read_text()
+    for name in ("precheck.py", "gpu_sampler.py", "launch.sh", "entrypoint.sh", "swift-config.yaml", "precheck.args"):
+        assert (b / "scripts" / name).is_file(), name
+    job = json.loads((b / "job.json").read_text())["payload"]
+    assert job["code"]["commit"] == sha and job["code"]["path"] == "inputs/trainer" and job["code"]["files"] == 2
+    assert job["inputs"][0]["path"] == "data/sft.jsonl" and len(job["inputs"][0]["sha256"]) == 64
+    # Same spec, another identity and machine: the staged content is identical (the digest differs only by job.json).
+    b2 = build_bundle(tmp_path, run, identity="r-g1-a2", machine="gpu-1")
+    job2 = json.loads((b2 / "job.json").read_text())["payload"]
+    assert job2["code"] == job["code"] and job2["inputs"] == job["inputs"]
+
+
+def test_code_pin_refuses_dirty_tree_missing_commit_and_non_commit(tmp_path):
+    upstream = tmp_path / "upstream"
+    repo = git_repo(upstream, {"a.py": "x = 1\n"})
+    sha = repo.head.commit.hexsha
+    pin = type("Pin", (), {"repo": str(upstream), "commit": sha, "path": "code"})
+
+    (upstream / "a.py").write_text("x = 2\n")  # uncommitted change
+    with pytest.raises(PermanentError, match="dirty working tree.*a.py"):
+        codepin.stage(pin, tmp_path / "s1")
+    (upstream / "a.py").write_text("x = 1\n")
+    (upstream / "notes.txt").write_text("untracked\n")
+    with pytest.raises(PermanentError, match="dirty working tree.*notes.txt"):
+        codepin.stage(pin, tmp_path / "s2")
+    (upstream / "notes.txt").unlink()
+
+    pin.commit = "0" * 40
+    with pytest.raises(PermanentError, match="does not exist"):
+        codepin.stage(pin, tmp_path / "s3")
+    pin.commit = repo.head.commit.tree.hexsha  # 40 hex, but a tree
+    with pytest.raises(PermanentError, match="is a tree.*not a commit"):
+        codepin.stage(pin, tmp_path / "s4")
+    pin.commit = sha
+    rec = codepin.stage(pin, tmp_path / "s5")
+    assert rec["commit"] == sha and (tmp_path / "s5" / "a.py").read_text() == "x = 1\n"
+
+
+def test_bundle_build_failure_leaves_no_half_bundle(tmp_path):
+    (tmp_path / "repo").mkdir()
+    run = run_model({"model": "m"}, code={"repo": str(tmp_path / "nope"), "commit": "a" * 40})
+    with pytest.raises(PermanentError):
+        build_bundle(tmp_path, run)
+    assert not (tmp_path / "bundles" / "r-g1-a1").exists()
+    assert not list((tmp_path / "bundles").glob(".*building"))
+
+
+# ---------------------------------------------------------------- validation
+
+
+TEMPLATE = """\
+apiVersion: reconciler/v1
+kind: ExecutionTemplate
+id: local-swift
+placement: {kind: local}
+launch_mode: {kind: host_process}
+defaults: {python: /opt/swift-venv/bin/python}
+"""
+
+
+def validate(tmp_path: Path, task: str, spec_extra: str = "") -> list[str]:
+    root = tmp_path / "repo"
+    (root / "execution_templates").mkdir(parents=True)
+    (root / "execution_templates" / "local-swift.yaml").write_text(TEMPLATE)
+    (root / "data").mkdir()
+    (root / "data" / "sft.jsonl").write_text("{}\n")
+    (root / "specs").mkdir()
+    body = textwrap.dedent("""\
+        apiVersion: reconciler/v1
+        kind: Run
+        metadata: {name: r}
+        spec:
+          template: local-swift
+        """) + spec_extra + "  task:\n" + textwrap.indent(textwrap.dedent(task), "    ")
+    (root / "specs" / "r.yaml").write_text(body)
+    return [d.text() for d in load_tree(root).diagnostics]
+
+
+def test_valid_swift_spec(tmp_path):
+    assert validate(tmp_path, """\
+        type: swift-sft
+        model: Qwen/Qwen2.5-0.5B
+        dataset: [inputs/data/sft.jsonl#10]
+        requires: {swift_version: "4.6.0"}
+        """, "  inputs: [data]\n") == []
+
+
+@pytest.mark.parametrize("task,extra,expected", [
+    ("type: swift-sft\nmodel: m\ndataset: [d]\ntrain_type: full\n", "",
+     "spec.task.train_type: 'train_type' was renamed to 'tuner_type' in ms-swift 4"),
+    ("type: swift-sft\nmodel: m\ndataset: [d]\ntuner_type: full\nlora_rank: 8\n", "",
+     "spec.task: lora_rank: LoRA settings, but tuner_type is 'full'"),
+    ("type: swift-rlhf\nrlhf_type: grpo\nmodel: m\ndataset: [d]\n", "",
+     "rlhf_type grpo needs reward_funcs"),
+    ("type: swift-rlhf\nrlhf_type: dpo\nmodel: m\ndataset: [d]\nreward_funcs: [accuracy]\n", "",
+     "reward_funcs only apply to rlhf_type grpo"),
+    ("type: swift-sft\nmodel: m\ndataset: [inputs/data/sft.jsonl]\n", "",
+     "specs/r.yaml:9:15: spec.task.dataset[0]: 'inputs/data/sft.jsonl' is not staged: add 'data/sft.jsonl' (or a folder holding it) "
+     "to spec.inputs (listed: none)"),
+    ("type: swift-sft\nmodel: m\ndataset: [inputs/data/other.jsonl]\n", "  inputs: [data]\n",
+     "'inputs/data/other.jsonl': 'data/other.jsonl' does not exist in the repository"),
+    ("type: swift-sft\nmodel: inputs/models/tiny\ndataset: [d]\n", "  inputs: [data]\n",
+     "specs/r.yaml:9:5: spec.task.model: 'inputs/models/tiny' is not staged"),
+    ("type: swift-sft\nmodel: m\ndataset: [data/sft.jsonl]\n", "  inputs: [data/sft.jsonl]\n",
+     "'data/sft.jsonl' is a repository file; the run sees staged files under inputs/: use inputs/data/sft.jsonl"),
+    ("type: swift-sft\nmodel: m\ndataset: [d]\nrequires: {swift_fork: inputs/forks/FORK_MANIFEST.json}\n", "",
+     "'inputs/forks/FORK_MANIFEST.json' is not staged"),
+    ("type: swift-sft\nmodel: m\ndataset: [d]\nrequires: {swift_fork: forks/FORK_MANIFEST.json}\n", "",
+     "spec.task.requires.swift_fork: 'forks/FORK_MANIFEST.json' must be a staged JSON file"),
+    ("type: swift-sft\nmodel: m\ndataset: [d]\nargs: {output_dir: /tmp/x}\n", "",
+     "'output_dir' is managed by the reconciler"),
+])
+def test_validation_messages(tmp_path, task, extra, expected):
+    diags = validate(tmp_path, task, extra)
+    assert any(expected in d for d in diags), diags
+
+
+def test_dirty_code_pin_fails_the_run_with_the_reason_and_is_not_retried(tmp_path):
+    from tests.repo_helpers import make_repo, reconciler, run_spec, status_of
+
+    upstream = git_repo(tmp_path / "upstream", {"a.py": "x = 1\n"})
+    (tmp_path / "upstream" / "a.py").write_text("x = 2\n")
+    extra = f"  code: {{repo: {tmp_path / 'upstream'}, commit: {upstream.head.commit.hexsha}}}\n"
+    repo = make_repo(tmp_path / "repo", {"pinned": run_spec("pinned", ["true"], max_retries=3, extra=extra)})
+    rec = reconciler(repo, tmp_path / "ws", local_gpus=0)
+    rec.run_pass()
+    st = status_of(repo, "pinned")
+    assert st.phase == "Failed" and "dirty working tree (a.py)" in st.message
+    assert st.condition("Ready").reason == "LaunchFailed"
+    again = rec.run_pass()
+    assert [c.action for c in again.plan.changes] == ["none"]
+    assert not (tmp_path / "ws" / "test" / "pinned-g1-a1" / "runtime").exists()
