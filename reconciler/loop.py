@@ -116,7 +116,7 @@ class Reconciler:
                 unchanged[change.name] = last
                 continue
             new = statuses.summarize(prev, change, outcome, obs, now, spec_commit)
-            if statuses.same_ignoring_time(prev, new):
+            if new is prev or statuses.same_ignoring_time(prev, new):
                 if key is not None:
                     unchanged[change.name] = (key, prev)
                 continue

@@ -246,6 +246,9 @@ def _stop(name: str, entry: RunEntry | None, prev: RunStatus | None, world: Obse
         return Change(name, "wait", "MachineUnreachable",
                       f"{why}, but {unknown} does not answer; it is stopped when it is back",
                       prev.phase if prev else "Unknown", gen, att, spec_digest=digest, spec_path=path)
+    if prev is None:  # never launched: record it, with nothing to stop
+        return Change(name, "none", code, f"{why}; never launched", "Terminated", gen, att,
+                      spec_digest=digest, spec_path=path)
     return Change(name, "terminate", code, f"{why}; nothing was running", "Terminated", gen, att,
                   spec_digest=digest, spec_path=path)
 
@@ -365,7 +368,8 @@ def _stalled(run, obs: ObservedRun, now: float) -> str | None:
     if idle <= stall.afterSeconds:
         return None
     since = f"step {obs.progress['step']}" if obs.progress and obs.progress.get("step") is not None else "the start"
-    return f"no training progress for {idle:.0f}s since {since} (stall.afterSeconds {stall.afterSeconds:g})"
+    # No running count in the text: a message that changed every pass would rewrite the status every pass.
+    return f"no training progress since {since} at {iso(last)} (stall.afterSeconds {stall.afterSeconds:g})"
 
 
 def _after_failure(name, entry, prev, ident, obs, why, now, launch, base, policy, lost_at=None) -> list[Change]:

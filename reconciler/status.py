@@ -253,6 +253,8 @@ def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_com
     ``change`` is a plan.Change, ``outcome`` an apply.Outcome or None (nothing was done), ``obs`` the
     observed instance of the current identity or None. One reason per change: the change's.
     """
+    if _steady(prev, change, outcome):
+        return _refresh(prev, change, obs, now)
     st = prev.model_copy(deep=True) if prev is not None else RunStatus(name=change.name)
     new_generation = change.generation != st.generation
     st.generation, st.attempt = change.generation, change.attempt
@@ -316,6 +318,36 @@ def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_com
             st.provenance = outcome.manifest["provenance"]
     if obs is not None and obs.progress:
         st.progress = obs.progress
+    return st
+
+
+def _steady(prev: RunStatus | None, change, outcome) -> bool:
+    """Nothing happened to this run: same phase, generation, attempt and spec, no action taken."""
+    return (prev is not None and change.action == "none" and outcome is None and prev.phase == change.phase
+            and prev.generation == change.generation and prev.attempt == change.attempt
+            and (change.spec_digest is None or prev.spec.digest == change.spec_digest) and bool(prev.history))
+
+
+def _refresh(prev: RunStatus, change, obs, now: float) -> RunStatus:
+    """A steady run's status: only progress and the Stalled condition can move. Returns ``prev``
+    itself when nothing did, so the common case costs no copy and no comparison."""
+    progress = obs.progress if obs is not None and obs.progress else None
+    stalled = getattr(change, "stalled", None)
+    cur = prev.condition("Stalled")
+    stall_moves = (stalled and (cur is None or cur.status != "True" or cur.message != stalled)) or (
+        not stalled and cur is not None and cur.status == "True" and change.phase == "Running")
+    pid_moves = prev.handle is not None and obs is not None and obs.pid and not prev.handle.pid
+    if (progress is None or progress == prev.progress) and not stall_moves and not pid_moves:
+        return prev
+    st = prev.model_copy(deep=True)
+    if progress is not None:
+        st.progress = progress
+    if stalled:
+        set_condition(st, "Stalled", "True", "NoProgress", stalled, now)
+    elif stall_moves:
+        set_condition(st, "Stalled", "False", "Progressing", "", now)
+    if pid_moves:
+        st.handle.pid = obs.pid
     return st
 
 

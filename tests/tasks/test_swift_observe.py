@@ -114,10 +114,15 @@ def test_progressing_run_is_not_stalled():
 def test_stall_sets_a_condition_without_terminating_by_default():
     change, previous, world = plan_for(swift_case({"afterSeconds": 60}, progress_at=1100.0, now=1200.0))
     assert change.action == "none" and change.phase == "Running"
-    assert change.stalled == "no training progress for 100s since step 3 (stall.afterSeconds 60)"
+    # No running count in the message: it would rewrite the status on every pass.
+    assert change.stalled == ("no training progress since step 3 at 1970-01-01T00:18:20Z "
+                              "(stall.afterSeconds 60)")
     st = summarize(previous["sft"], change, None, world.find("sft-g1-a1"), 1200.0, None)
     c = st.condition("Stalled")
-    assert c.status == "True" and c.reason == "NoProgress" and "100s since step 3" in c.message
+    assert c.status == "True" and c.reason == "NoProgress" and "since step 3" in c.message
+    # Still stalled a pass later: the status does not move.
+    later, _, world_later = plan_for(swift_case({"afterSeconds": 60}, progress_at=1100.0, now=1260.0))
+    assert summarize(st, later, None, world_later.find("sft-g1-a1"), 1260.0, None) is st
     assert st.progress["step"] == 3
     # Progress again: the condition flips back.
     change2, _, world2 = plan_for(swift_case({"afterSeconds": 60}, progress_at=1290.0, now=1300.0))
