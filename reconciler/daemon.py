@@ -1,0 +1,489 @@
+"""The daemon: ``reconcile [--repo DIR]`` without ``--once``. Watch, resync, pull and push.
+
+One thread runs passes, so passes never overlap; every other thread (the file watcher, the HTTP
+server, signal handlers) only records *why* a pass is wanted and wakes the loop. The loop wakes for:
+
+- a local change under ``specs/`` or ``execution_templates/`` (watchfiles, debounced): a pass;
+- the poll timer (``poll_interval``) or a signed webhook (``POST /hooks/git``): a fetch, and a pass
+  when the remote branch moved;
+- the resync timer (``resync_interval``): a pass, to follow running work;
+- the soonest ``retry_after`` the last plan asked for (a backoff ending): a pass.
+
+Git is the only durable state. Before a pass the tracked branch is fetched and fast-forwarded; the
+daemon's own unpushed status commits are rebased onto it (never a merge commit). After a pass the
+status commit is pushed, with bounded retries: a rejected push fetches, rebases and tries again.
+A crash at any moment loses nothing that matters: a transition whose commit never reached the
+remote is derived again by the next pass, on this checkout or on a fresh clone elsewhere, from
+what the machines report (the plan adopts a running instance it has no status for).
+
+Signals: SIGTERM and SIGINT finish the current pass, push, and exit 0 (a second one exits at
+once, which is as safe as a crash); SIGHUP re-reads the configuration file.
+
+Test hooks (for the crash-safety tests; never set them in production):
+``RECONCILER_TEST_CRASH_AFTER=apply`` exits with 137 right after apply, before status is written
+(in ``loop.py``); ``=commit`` exits with 137 after the local status commit, before the push.
+``RECONCILER_TEST_HOLD_PUSH=PATH``: while PATH exists, a push waits (and touches ``PATH.held``
+to say so), so a test can move the remote under an unpushed status commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+
+from . import config as configs
+from . import gitops
+from . import status as statuses
+from .errors import UsageError
+from .metrics import Metrics
+
+log = logging.getLogger("reconciler.daemon")
+
+TEST_CRASH = "RECONCILER_TEST_CRASH_AFTER"
+TEST_HOLD_PUSH = "RECONCILER_TEST_HOLD_PUSH"
+WATCHED = ("specs", "execution_templates")
+MIN_WAKE = 0.2  # never spin: the shortest sleep between two passes asked for by retry_after
+
+
+# ---------------------------------------------------------------- logging
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, msg, then the record's structured fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = datetime.fromtimestamp(record.created, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+        data = {"ts": ts, "level": record.levelname.lower(), "msg": record.getMessage(), "logger": record.name}
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            for k, v in fields.items():
+                data.setdefault(k, v)
+        if record.exc_info:
+            data["exc"] = self.formatException(record.exc_info)
+        return json.dumps(data, default=str, ensure_ascii=False)
+
+
+class TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        ts = datetime.fromtimestamp(record.created, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        line = f"{ts} {record.levelname:<7} {record.getMessage()}"
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            for k, v in fields.items():
+                if isinstance(v, (list, dict)):
+                    v = json.dumps(v, default=str, ensure_ascii=False)
+                line += f" {k}={v}"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+_HANDLER: logging.Handler | None = None
+
+
+def setup_logging(fmt: str) -> None:
+    global _HANDLER
+    root = logging.getLogger("reconciler")
+    if _HANDLER is None:
+        _HANDLER = logging.StreamHandler(sys.stderr)
+        root.addHandler(_HANDLER)
+        root.propagate = False
+    _HANDLER.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    level = os.environ.get("RECONCILER_LOG_LEVEL", "INFO").upper()
+    root.setLevel(getattr(logging, level, logging.INFO))
+
+
+def event(level: int, msg: str, **fields) -> None:
+    log.log(level, msg, extra={"fields": fields})
+
+
+def release_memory() -> None:
+    """Return freed heap to the OS after a pass (glibc keeps it otherwise: RSS would stay at the peak
+    of the largest pass, such as the first one over a large tree)."""
+    import gc
+
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+# ---------------------------------------------------------------- the daemon
+
+
+class Daemon:
+    def __init__(self, cfg: configs.Config, config_path: str | None = None, flags: dict | None = None):
+        from .loop import Reconciler
+
+        self.cfg = cfg
+        self.config_path = config_path
+        self.flags = dict(flags or {})
+        self.rec = Reconciler(cfg)
+        self.metrics = Metrics()
+        self.wake = threading.Event()
+        self._flags_lock = threading.Lock()
+        self._want_fetch = False
+        self._want_pass: set[str] = set()
+        self._stopping = False
+        self._reload = False
+        self._signals = 0
+        self._stop_watch = threading.Event()
+        self.remote: gitops.Remote | None = None
+        self.server = None
+        self.in_pass = False
+        self.pending_rebase_pass = False
+
+    # -------- requests from other threads (and signal handlers)
+
+    def request(self, fetch: bool = False, why: str | None = None) -> None:
+        with self._flags_lock:
+            if fetch:
+                self._want_fetch = True
+            if why:
+                self._want_pass.add(why)
+        self.wake.set()
+
+    def _take(self) -> tuple[bool, set[str]]:
+        with self._flags_lock:
+            fetch, why = self._want_fetch, self._want_pass
+            self._want_fetch, self._want_pass = False, set()
+        return fetch, why
+
+    def _on_signal(self, signum: int, frame) -> None:  # noqa: ARG002
+        if signum == signal.SIGHUP:
+            self._reload = True
+            self.wake.set()
+            return
+        self._signals += 1
+        if self._signals > 1:
+            event(logging.WARNING, "second signal: exiting now; the next start derives status again",
+                  signal=signal.Signals(signum).name)
+            os._exit(1)
+        self._stopping = True
+        self._stop_watch.set()
+        self.wake.set()
+
+    # -------- git
+
+    def _setup_remote(self) -> None:
+        cfg = self.cfg
+        url = gitops.run_git(cfg.repo, "config", "--get", f"remote.{cfg.remote}.url", check=False).stdout.strip()
+        if not url:
+            event(logging.WARNING, "no git remote: running without fetch or push", remote=cfg.remote)
+            self.remote = None
+            return
+        branch = cfg.branch or gitops.current_branch(cfg.repo)
+        if not branch:
+            raise UsageError(f"{cfg.repo}: HEAD is detached; check out a branch or set 'branch' in the configuration")
+        self.remote = gitops.Remote(cfg.repo, cfg.remote, branch, gitops.Author(cfg.author_name, cfg.author_email))
+
+    def fetch_and_integrate(self) -> bool:
+        """Fetch the tracked branch and bring HEAD up to it. Return whether HEAD moved."""
+        if self.remote is None:
+            return False
+        t0 = time.perf_counter()
+        try:
+            upstream = self.remote.fetch()
+            self.metrics.count("fetches", "ok")
+        except gitops.GitError as e:
+            self.metrics.count("fetches", "error")
+            event(logging.WARNING, "fetch failed; reconciling the local checkout", error=str(e))
+            return False
+        if upstream is None:
+            return False
+        try:
+            res = self.remote.integrate()
+        except gitops.GitError as e:
+            event(logging.ERROR, "could not update the checkout from the remote", error=str(e))
+            return False
+        if res.action == "reset":
+            self.metrics.inc("rebase_resets")
+            event(logging.WARNING, "rebasing status commits onto the remote failed: took the remote's status/; "
+                  "the next pass derives status again from what it observes", error=res.error)
+        if res.moved:
+            event(logging.INFO, "updated from remote", action=res.action, head=(res.head_after or "")[:12],
+                  upstream=(res.upstream or "")[:12], seconds=round(time.perf_counter() - t0, 3))
+        return res.moved
+
+    def push(self) -> bool:
+        """Push unpushed status commits; on rejection fetch, rebase and retry (bounded, with backoff)."""
+        if self.remote is None or not self.cfg.push:
+            return True
+        retries = max(0, self.cfg.push_retries)
+        for attempt in range(retries + 1):
+            if self.remote.ahead() == 0:
+                return True
+            self._test_hold_push()
+            try:
+                self.remote.push()
+                self.metrics.count("pushes", "ok")
+                event(logging.INFO, "pushed status", head=(gitops.head(self.rec.repo) or "")[:12],
+                      branch=self.remote.branch, retries=attempt)
+                return True
+            except gitops.PushRejected as e:
+                if attempt >= retries:
+                    self.metrics.count("pushes", "error")
+                    event(logging.ERROR, "push rejected; giving up until the next pass", error=str(e),
+                          retries=attempt)
+                    return False
+                self.metrics.inc("push_retries")
+                delay = min(0.1 * 2 ** attempt, 5.0)
+                event(logging.INFO, "push rejected: the remote moved; rebasing and retrying", retry=attempt + 1,
+                      delay=delay)
+                time.sleep(delay)
+                if self.fetch_and_integrate():
+                    # New commits from the remote may change desired state: look again soon.
+                    self.pending_rebase_pass = True
+            except gitops.GitError as e:
+                self.metrics.count("pushes", "error")
+                event(logging.ERROR, "push failed; will retry after the next pass", error=str(e))
+                return False
+        return False
+
+    def _test_hold_push(self) -> None:
+        path = os.environ.get(TEST_HOLD_PUSH)
+        if not path:
+            return
+        announced = False
+        while os.path.exists(path):
+            if not announced:
+                Path(path + ".held").write_text(str(os.getpid()))
+                announced = True
+            time.sleep(0.02)
+
+    # -------- one cycle
+
+    def run_pass(self, why: str) -> float | None:
+        """One pass and its push; return the plan's retry_after (None: nothing to wake up for)."""
+        t0 = time.time()
+        self.in_pass = True
+        try:
+            result = self.rec.run_pass()
+        except Exception as e:  # noqa: BLE001 - a failed pass is logged and retried, never fatal
+            duration = time.time() - t0
+            self.metrics.observe_pass(False, duration, time.time(), str(e))
+            log.error("pass failed", exc_info=True, extra={"fields": {"why": why, "error": f"{type(e).__name__}: {e}",
+                                                                      "duration": round(duration, 3)}})
+            return None
+        finally:
+            self.in_pass = False
+        if result.commit and os.environ.get(TEST_CRASH) == "commit":
+            os._exit(137)  # test hook: die like kill -9 between the local commit and the push
+        self._account_plan(result)
+        errors = [o for o in result.outcomes if not o.ok]
+        summary = {a: n for a, n in result.plan.summary().items() if a != "none"}
+        fields = dict(why=why, duration=round(result.duration, 3), plan=summary, transitions=result.transitions,
+                      written=len(result.written), commit=(result.commit or "")[:12] or None,
+                      retry_after=result.retry_after)
+        if errors:
+            fields["errors"] = [f"{o.name}: {o.action}: {o.error}" for o in errors][:20]
+        level = logging.INFO if (result.transitions or result.commit or errors or summary) else logging.DEBUG
+        event(level, "pass", **fields)
+        for d in result.desired.diagnostics[:20]:
+            event(logging.DEBUG, "invalid spec", diagnostic=d.text())
+        retry_after = result.retry_after
+        del result  # the pass's desired, observed and plan are garbage now: give the memory back
+        self._account_runs()
+        release_memory()
+        self.push()
+        return retry_after
+
+    def _account_plan(self, result) -> None:
+        m = self.metrics
+        m.observe_pass(True, result.duration, time.time())
+        for c in result.plan.changes:
+            if c.action != "none":
+                m.count("actions", c.action)
+        for o in result.outcomes:
+            if not o.ok:
+                m.count("action_errors", o.action)
+
+    def _account_runs(self) -> None:
+        m = self.metrics
+        phases = Counter(st.phase for st in statuses.load_all(self.cfg.repo / "status", self.rec.status_cache).values())
+        m.set_runs({p: phases.get(p, 0) for p in statuses.PHASES})
+
+    # -------- health
+
+    def health(self) -> tuple[bool, dict]:
+        snap = self.metrics.snapshot()
+        now = time.time()
+        stale_after = max(60.0, 3 * self.cfg.resync_interval) + snap["last_duration"]
+        age = now - snap["last_good_pass"] if snap["last_good_pass"] else None
+        last_ok = snap["last_pass"] > 0 and snap["last_pass"] == snap["last_good_pass"]
+        ok = age is not None and age <= stale_after and last_ok
+        return ok, {"ok": ok, "last_pass_at": snap["last_pass"] or None,
+                    "last_good_pass_at": snap["last_good_pass"] or None,
+                    "last_good_pass_age_seconds": round(age, 3) if age is not None else None,
+                    "stale_after_seconds": stale_after, "last_error": snap["last_error"] or None,
+                    "passes": snap["passes"], "in_pass": self.in_pass, "pid": os.getpid()}
+
+    # -------- threads
+
+    def _start_http(self) -> None:
+        if not self.cfg.listen:
+            return
+        from . import httpd
+
+        def on_push(info: dict) -> None:
+            self.metrics.count("webhooks", "accepted")
+            event(logging.INFO, "webhook: fetching now", **{k: v for k, v in info.items() if v})
+            self.request(fetch=True)
+
+        def on_refused(why: str) -> None:
+            self.metrics.count("webhooks", "refused")
+            event(logging.WARNING, "webhook refused", reason=why)
+
+        ep = httpd.Endpoints(self.health, self.metrics.exposition, on_push, lambda: self.cfg.webhook_secret, on_refused)
+        try:
+            self.server = httpd.make_server(self.cfg.listen, ep)
+        except (OSError, ValueError) as e:
+            raise UsageError(f"cannot listen on {self.cfg.listen}: {e}") from None
+        httpd.serve_in_thread(self.server)
+        host, port = self.server.server_address[:2]
+        event(logging.INFO, "listening", address=f"{host}:{port}", webhook=bool(self.cfg.webhook_secret))
+
+    def _watch(self) -> None:
+        from watchfiles import watch
+
+        root = str(self.cfg.repo)
+        prefixes = tuple(os.path.join(root, d) + os.sep for d in WATCHED)
+
+        def wanted(change, path: str) -> bool:  # noqa: ARG001
+            return path.startswith(prefixes) or path in (os.path.join(root, d) for d in WATCHED)
+
+        try:
+            for changes in watch(root, watch_filter=wanted, stop_event=self._stop_watch,
+                                 debounce=max(1, int(self.cfg.debounce * 1000)), step=20, rust_timeout=1000,
+                                 yield_on_timeout=False, raise_interrupt=False):
+                rels = sorted({os.path.relpath(p, root) for _, p in changes})
+                event(logging.DEBUG, "local change", paths=rels[:10], count=len(rels))
+                self.request(why="local change")
+        except Exception as e:  # noqa: BLE001 - without a watcher the timers still converge
+            event(logging.ERROR, "file watcher stopped; relying on resync", error=str(e))
+
+    # -------- reload
+
+    def reload(self) -> None:
+        try:
+            cfg = configs.load(str(self.cfg.repo), self.config_path, self.flags)
+        except UsageError as e:
+            event(logging.ERROR, "SIGHUP: configuration not reloaded", error=str(e))
+            return
+        if cfg.listen != self.cfg.listen:
+            event(logging.WARNING, "SIGHUP: 'listen' changed; it takes effect on restart", listen=self.cfg.listen)
+            cfg = cfg.model_copy(update={"listen": self.cfg.listen})
+        self.cfg = cfg
+        self.rec.cfg = cfg
+        self.rec._gpus = None
+        setup_logging(cfg.log_format)
+        try:
+            self._setup_remote()
+        except UsageError as e:
+            event(logging.ERROR, "SIGHUP: remote not changed", error=str(e))
+        event(logging.INFO, "configuration reloaded", config=cfg.redacted())
+
+    # -------- the loop
+
+    def run(self) -> int:
+        from .lock import RepoLock
+
+        lock = RepoLock(self.cfg.state_dir)
+        lock.acquire()  # LockHeld (a UsageError) → exit 2 with the holder's pid
+        old = {}
+        try:
+            for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                old[s] = signal.signal(s, self._on_signal)
+            self._setup_remote()
+            self._start_http()
+            watcher = threading.Thread(target=self._watch, name="reconciler-watch", daemon=True)
+            watcher.start()
+            event(logging.INFO, "daemon started", repo=str(self.cfg.repo), pid=os.getpid(),
+                  branch=self.remote.branch if self.remote else None, poll_interval=self.cfg.poll_interval,
+                  resync_interval=self.cfg.resync_interval, workspaces=self.cfg.local_root)
+            self._loop()
+            self.push()  # whatever the last pass committed
+            event(logging.INFO, "daemon stopped", pid=os.getpid())
+            return 0
+        finally:
+            self._stop_watch.set()
+            if self.server is not None:
+                self.server.shutdown()
+                self.server.server_close()
+            for s, h in old.items():
+                signal.signal(s, h)
+            lock.release()
+
+    def _loop(self) -> None:
+        mono = time.monotonic
+        next_poll = mono()  # the first cycle fetches
+        next_resync = mono()
+        next_retry = float("inf")
+        failures = 0
+        while not self._stopping:
+            if self._reload:
+                self._reload = False
+                self.reload()
+            now = mono()
+            fetch, why = self._take()
+            if now >= next_poll:
+                fetch = True
+            if fetch:
+                next_poll = now + self.cfg.poll_interval
+                if self.fetch_and_integrate():
+                    why.add("remote change")
+                if self.remote is not None and self.cfg.push and self.remote.ahead():
+                    self.push()  # left over from an earlier failure
+            if self.pending_rebase_pass:
+                self.pending_rebase_pass = False
+                why.add("remote change")
+            if now >= next_resync:
+                why.add("resync")
+            if now >= next_retry:
+                why.add("retry_after")
+            if why and not self._stopping:
+                retry_after = self.run_pass(",".join(sorted(why)))
+                good = self.metrics.last_pass == self.metrics.last_good_pass
+                failures = 0 if good else failures + 1
+                after = mono()
+                next_resync = after + self.cfg.resync_interval
+                if not good:  # a failed pass is retried sooner than a resync, with backoff
+                    next_retry = after + min(self.cfg.resync_interval, 2.0 ** min(failures, 6))
+                elif retry_after is not None:
+                    next_retry = after + max(MIN_WAKE, retry_after)
+                else:
+                    next_retry = float("inf")
+                continue  # requests that arrived during the pass are served at once
+            if self._stopping:
+                break
+            timeout = min(next_poll, next_resync, next_retry) - mono()
+            if timeout > 0:
+                self.wake.wait(timeout)
+            self.wake.clear()
+
+
+def main(args: argparse.Namespace) -> int:
+    flags = {k: getattr(args, k, None) for k in ("log_format", "poll_interval", "resync_interval", "listen")}
+    if getattr(args, "no_commit", False):
+        flags["commit"] = False
+    repo = Path(getattr(args, "repo", None) or ".")
+    if not repo.is_dir():
+        raise UsageError(f"{repo}: no such directory")
+    cfg = configs.load(str(repo), getattr(args, "config", None), flags)
+    if not (cfg.repo / "specs").is_dir() and not (cfg.repo / "execution_templates").is_dir() \
+            and not (cfg.repo / ".git").exists():
+        raise UsageError(f"{cfg.repo}: not a repository with specs/ or execution_templates/ (use --repo DIR)")
+    setup_logging(cfg.log_format)
+    return Daemon(cfg, getattr(args, "config", None), {k: v for k, v in flags.items() if v is not None}).run()

@@ -1,0 +1,126 @@
+"""The daemon's metrics, written by hand in the Prometheus text exposition format (version 0.0.4).
+
+Counters, gauges and one histogram, kept in memory under a lock: the HTTP thread reads them while
+the loop thread writes them. No dependency: the format is a few lines of text per metric.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+PASS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+def _labels(labels: dict[str, str]) -> str:
+    if not labels:
+        return ""
+    body = ",".join(f'{k}="{_escape(str(v))}"' for k, v in sorted(labels.items()))
+    return "{" + body + "}"
+
+
+def _escape(v: str) -> str:
+    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _num(v: float) -> str:
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    if float(v).is_integer() and abs(v) < 1e15:
+        return str(int(v))
+    return repr(float(v))
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.passes: dict[str, int] = {"ok": 0, "error": 0}
+        self.buckets = [0] * len(PASS_BUCKETS)
+        self.duration_sum = 0.0
+        self.duration_count = 0
+        self.runs: dict[str, int] = {}
+        self.actions: dict[str, int] = {}
+        self.action_errors: dict[str, int] = {}
+        self.push_retries = 0
+        self.pushes: dict[str, int] = {"ok": 0, "error": 0}
+        self.fetches: dict[str, int] = {"ok": 0, "error": 0}
+        self.webhooks: dict[str, int] = {"accepted": 0, "refused": 0}
+        self.rebase_resets = 0
+        self.last_good_pass = 0.0
+        self.last_pass = 0.0
+        self.last_error = ""
+        self.last_duration = 0.0
+
+    def observe_pass(self, ok: bool, duration: float, at: float, error: str = "") -> None:
+        with self._lock:
+            self.passes["ok" if ok else "error"] += 1
+            for i, b in enumerate(PASS_BUCKETS):
+                if duration <= b:
+                    self.buckets[i] += 1
+            self.duration_sum += duration
+            self.duration_count += 1
+            self.last_pass = at
+            self.last_duration = duration
+            if ok:
+                self.last_good_pass, self.last_error = at, ""
+            else:
+                self.last_error = error
+
+    def set_runs(self, phases: dict[str, int]) -> None:
+        with self._lock:
+            self.runs = dict(phases)
+
+    def count(self, table: str, key: str, n: int = 1) -> None:
+        with self._lock:
+            d = getattr(self, table)
+            d[key] = d.get(key, 0) + n
+
+    def inc(self, attr: str, n: int = 1) -> None:
+        with self._lock:
+            setattr(self, attr, getattr(self, attr) + n)
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return {"last_pass": self.last_pass, "last_good_pass": self.last_good_pass, "last_error": self.last_error,
+                    "last_duration": self.last_duration, "passes": dict(self.passes)}
+
+    def exposition(self) -> str:
+        with self._lock:
+            out: list[str] = []
+
+            def metric(name: str, kind: str, help_: str, samples: list[tuple[dict[str, str], float]],
+                       suffix_samples: list[tuple[str, dict[str, str], float]] | None = None) -> None:
+                out.append(f"# HELP {name} {help_}")
+                out.append(f"# TYPE {name} {kind}")
+                for labels, v in samples:
+                    out.append(f"{name}{_labels(labels)} {_num(v)}")
+                for suffix, labels, v in suffix_samples or []:
+                    out.append(f"{name}{suffix}{_labels(labels)} {_num(v)}")
+
+            metric("reconciler_passes_total", "counter", "Reconcile passes, by result.",
+                   [({"result": k}, v) for k, v in sorted(self.passes.items())])
+            hist = [("_bucket", {"le": _num(b)}, n) for b, n in zip(PASS_BUCKETS, self.buckets)]
+            hist.append(("_bucket", {"le": "+Inf"}, self.duration_count))
+            hist.append(("_sum", {}, self.duration_sum))
+            hist.append(("_count", {}, self.duration_count))
+            metric("reconciler_pass_duration_seconds", "histogram", "Duration of reconcile passes.", [], hist)
+            metric("reconciler_runs", "gauge", "Runs by phase, as of the last pass.",
+                   [({"phase": k}, v) for k, v in sorted(self.runs.items())])
+            metric("reconciler_actions_total", "counter", "Plan actions applied, by action.",
+                   [({"action": k}, v) for k, v in sorted(self.actions.items())])
+            metric("reconciler_action_errors_total", "counter", "Plan actions that failed, by action.",
+                   [({"action": k}, v) for k, v in sorted(self.action_errors.items())])
+            metric("reconciler_push_retries_total", "counter", "Status pushes retried after the remote moved.",
+                   [({}, self.push_retries)])
+            metric("reconciler_pushes_total", "counter", "Status pushes, by result.",
+                   [({"result": k}, v) for k, v in sorted(self.pushes.items())])
+            metric("reconciler_fetches_total", "counter", "Fetches of the tracked branch, by result.",
+                   [({"result": k}, v) for k, v in sorted(self.fetches.items())])
+            metric("reconciler_webhooks_total", "counter", "Webhook deliveries, by result.",
+                   [({"result": k}, v) for k, v in sorted(self.webhooks.items())])
+            metric("reconciler_rebase_resets_total", "counter",
+                   "Failed rebases of status commits, resolved by taking the remote's status/.",
+                   [({}, self.rebase_resets)])
+            metric("reconciler_last_good_pass_timestamp_seconds", "gauge",
+                   "Unix time at which the last successful pass ended (0: none yet).", [({}, self.last_good_pass)])
+            return "\n".join(out) + "\n"
