@@ -312,7 +312,7 @@ class Daemon:
 
     def _account_runs(self) -> None:
         m = self.metrics
-        phases = Counter(st.phase for st in statuses.load_all(self.cfg.repo / "status", self.rec.status_cache).values())
+        phases = self.rec.phase_counts  # kept by the pass: settled runs are not re-read for a count
         m.set_runs({p: phases.get(p, 0) for p in statuses.PHASES})
 
     # -------- health

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,7 +63,10 @@ class Reconciler:
         self.cfg = cfg
         self.cache = SpecCache()
         self.status_cache = statuses.StatusCache()
-        self._unchanged: dict[str, tuple[str, object]] = {}  # run → (its change, its cached status)
+        # Finished runs that nothing has touched since: neither parsed, held nor planned until their
+        # spec digest, their status file or the machines' view of them changes (see _settle).
+        self.settled: dict[str, Settled] = {}
+        self.phase_counts: Counter[str] = Counter()
         self.repo = gitops.open_repo(cfg.repo)
         self._gpus: int | None = None
 
@@ -78,13 +82,21 @@ class Reconciler:
         now = time.time() if now is None else now
         desired = load_tree(cfg.repo, self.cache)
         status_dir = cfg.repo / "status"
-        previous = statuses.load_all(status_dir, self.status_cache)
+        candidates = {n: s.key for n, s in self.settled.items()
+                      if n not in desired.invalid and _digest(desired, n) == s.digest}
+        skipped: set[str] = set()
+        previous = statuses.load_all(status_dir, self.status_cache, skip=candidates, skipped=skipped)
         pool = TransportPool(cfg, desired)
         try:
             machines = pool.machines(previous)
-            world = observe(machines, pool.get, names_to_watch(desired, previous), previous, now,
-                            cfg.parallel_machines)
-            plan = make_plan(desired, world, previous, now, self.settings())
+            world = observe(machines, pool.get, names_to_watch(desired, previous, frozenset(skipped)), previous,
+                            now, cfg.parallel_machines)
+            for name in [n for n in skipped if world.instances(n)]:  # something of it is out there again
+                skipped.discard(name)
+                st = statuses.load_one(status_dir, name)
+                if st is not None:
+                    previous[name] = st
+            plan = make_plan(desired, world, previous, now, self.settings(), settled=frozenset(skipped))
             result = PassResult(desired, world, plan)
             if dry_run:
                 result.duration = time.perf_counter() - t0
@@ -100,34 +112,25 @@ class Reconciler:
         finally:
             pool.close()
         by_name = {o.name: o for o in result.outcomes}
-        unchanged: dict[str, tuple[str, object]] = {}
+        phases = {n: st.phase for n, st in previous.items()}
         for change in plan.changes:
             if change.phase is None:
                 continue
             prev = previous.get(change.name)
             obs = world.find(change.identity) if change.identity else None
-            outcome = by_name.get(change.name)
-            # The same change, nothing observed and the same (cached, unmodified) previous status as
-            # last pass, when summarize gave back that status: it would again. Skipping it keeps a
-            # pass over thousands of finished runs cheap.
-            key = repr(change) if outcome is None and obs is None and prev is not None else None
-            last = self._unchanged.get(change.name) if key is not None else None
-            if last is not None and last[0] == key and last[1] is prev:
-                unchanged[change.name] = last
-                continue
-            new = statuses.summarize(prev, change, outcome, obs, now, spec_commit)
+            new = statuses.summarize(prev, change, by_name.get(change.name), obs, now, spec_commit)
             if new is prev or statuses.same_ignoring_time(prev, new):
-                if key is not None:
-                    unchanged[change.name] = (key, prev)
                 continue
             new.observed_at = statuses.iso(now)
             if statuses.write_if_changed(status_dir, new):
+                phases[change.name] = new.phase
                 result.written.append(change.name)
                 before = prev.phase if prev else "-"
                 if before != new.phase or (prev and (prev.attempt, prev.generation) != (new.attempt, new.generation)):
                     ident = change.identity or ""
                     result.transitions.append(f"{change.name}: {before} → {new.phase} [{ident}] {change.reason}"[:300])
-        self._unchanged = unchanged
+        del previous  # the parsed statuses of settled runs can go now
+        self._settle(desired, world, plan, skipped, phases, status_dir)
         waits = [c.retry_after for c in plan.changes if c.retry_after]
         result.retry_after = min(waits) if waits else None
         do_commit = cfg.commit if commit is None else commit
@@ -138,4 +141,41 @@ class Reconciler:
         return result
 
 
-__all__ = ["Reconciler", "PassResult", "LOCAL", "Path"]
+    def _settle(self, desired: DesiredState, world: ObservedWorld, plan: Plan, skipped: set[str],
+                phases: dict[str, str], status_dir: Path) -> None:
+        """Remember which runs are finished and untouched, and let go of their parsed status.
+
+        A run settles when this pass planned nothing for it, its phase is final and nothing of it is
+        alive or uncollected on any machine: the next pass would plan nothing again and leave its status as it
+        is now on disk. Whatever could change that changes one of the recorded keys: a new spec
+        digest (or the spec's removal or invalidity), a rewritten status file, or an instance
+        showing up on a machine.
+        """
+        settled = {n: self.settled[n] for n in skipped}
+        for c in plan.changes:
+            if (c.action != "none" or c.phase not in statuses.TERMINAL or c.name in desired.invalid
+                    or any(r.alive or not r.collected for r in world.instances(c.name))):
+                continue
+            key = statuses.file_key(status_dir / f"{c.name}.yaml")
+            if key is not None:
+                settled[c.name] = Settled(_digest(desired, c.name), key, c.phase)
+                self.status_cache.forget(c.name)
+        self.settled = settled
+        counts: Counter[str] = Counter(s.phase for s in settled.values())
+        counts.update(phase for n, phase in phases.items() if n not in settled)
+        self.phase_counts = counts
+
+
+@dataclass(frozen=True)
+class Settled:
+    digest: str | None  # the run's spec digest when it settled (None: no spec any more)
+    key: tuple[int, int, int]  # its status file's inode, size and mtime
+    phase: str
+
+
+def _digest(desired: DesiredState, name: str) -> str | None:
+    entry = desired.runs.get(name)
+    return entry.digest if entry is not None else None
+
+
+__all__ = ["Reconciler", "PassResult", "Settled", "LOCAL", "Path"]

@@ -19,8 +19,9 @@ from .status import TERMINAL, RunStatus, parse_iso
 RUN_STATES = ("running", "succeeded", "failed", "terminated", "lost")
 
 
-def names_to_watch(desired: DesiredState, previous: dict[str, RunStatus]) -> list[str]:
-    names = set(desired.runs)
+def names_to_watch(desired: DesiredState, previous: dict[str, RunStatus],
+                   settled: frozenset[str] = frozenset()) -> list[str]:
+    names = set(desired.runs) - settled
     names.update(n for n, s in previous.items() if s.phase not in TERMINAL)
     return sorted(names)
 

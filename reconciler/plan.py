@@ -194,11 +194,14 @@ def _candidates(slots: dict[str, Slot], placement: str, target: str | None, flee
 
 
 def make_plan(desired: DesiredState, world: ObservedWorld, previous: dict[str, RunStatus], now: float,
-              settings: PlanSettings | None = None) -> Plan:
+              settings: PlanSettings | None = None, settled: frozenset[str] = frozenset()) -> Plan:
+    """``settled``: runs the caller knows are finished and untouched since (their plan would be
+    "none"); they are left out of the plan. A long-lived reconciler uses it to keep thousands of
+    finished runs out of memory."""
     settings = settings or PlanSettings()
     plan = Plan(at=now)
     slots = _slots(desired, world, settings)
-    names = sorted(set(desired.runs) | set(desired.invalid) | set(previous))
+    names = sorted((set(desired.runs) | set(desired.invalid) | set(previous)) - settled)
     # Runs already holding a slot keep it; launches are placed in name order for stable plans.
     for name in names:
         prev = previous.get(name)

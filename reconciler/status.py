@@ -136,6 +136,9 @@ class StatusCache:
     def __init__(self) -> None:
         self._items: dict[str, tuple[tuple[int, int, int], RunStatus | None]] = {}
 
+    def forget(self, name: str) -> None:
+        self._items.pop(f"{name}.yaml", None)
+
 
 def _parse_status(path: Path, y: YAML) -> RunStatus | None:
     try:
@@ -155,8 +158,23 @@ def _parse_status(path: Path, y: YAML) -> RunStatus | None:
     return None
 
 
-def load_all(status_dir: Path, cache: StatusCache | None = None) -> dict[str, RunStatus]:
-    """Every readable status file; a file that cannot be read counts as absent (and is rewritten)."""
+def file_key(path: Path) -> tuple[int, int, int] | None:
+    """What changes whenever a status file's content can have: inode, size, mtime."""
+    try:
+        s = path.stat()
+    except OSError:
+        return None
+    return (s.st_ino, s.st_size, s.st_mtime_ns)
+
+
+def load_all(status_dir: Path, cache: StatusCache | None = None,
+             skip: dict[str, tuple[int, int, int]] | None = None,
+             skipped: set[str] | None = None) -> dict[str, RunStatus]:
+    """Every readable status file; a file that cannot be read counts as absent (and is rewritten).
+
+    ``skip`` maps run names to the file key they had when the caller last saw them settled; such a
+    file, if unchanged, is neither parsed nor returned nor kept in the cache.
+    """
     out: dict[str, RunStatus] = {}
     if not status_dir.is_dir():
         return out
@@ -166,7 +184,7 @@ def load_all(status_dir: Path, cache: StatusCache | None = None) -> dict[str, Ru
         files = sorted((e.name, e) for e in entries if e.name.endswith(".yaml") and not e.name.startswith("."))
     for name, entry in files:
         path = Path(entry.path)
-        if cache is None:
+        if cache is None and not skip:
             st = _parse_status(path, y)
         else:
             try:
@@ -174,11 +192,16 @@ def load_all(status_dir: Path, cache: StatusCache | None = None) -> dict[str, Ru
             except OSError:
                 continue
             key = (s.st_ino, s.st_size, s.st_mtime_ns)
-            hit = cache._items.get(name)
+            if skip and skip.get(name[:-5]) == key:
+                if skipped is not None:
+                    skipped.add(name[:-5])
+                continue
+            hit = cache._items.get(name) if cache is not None else None
             if hit is not None and hit[0] == key:
                 st = hit[1]
             else:
-                cache._items.pop(name, None)  # let the stale copy go before parsing the new one
+                if cache is not None:
+                    cache._items.pop(name, None)  # let the stale copy go before parsing the new one
                 st = _parse_status(path, y)
             seen[name] = (key, st)
         if st is not None:
@@ -186,6 +209,10 @@ def load_all(status_dir: Path, cache: StatusCache | None = None) -> dict[str, Ru
     if cache is not None:
         cache._items = seen
     return out
+
+
+def load_one(status_dir: Path, name: str) -> RunStatus | None:
+    return _parse_status(status_dir / f"{name}.yaml", _yaml())
 
 
 def write_if_changed(status_dir: Path, status: RunStatus) -> bool:
@@ -323,9 +350,13 @@ def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_com
 
 def _steady(prev: RunStatus | None, change, outcome) -> bool:
     """Nothing happened to this run: same phase, generation, attempt and spec, no action taken."""
-    return (prev is not None and change.action == "none" and outcome is None and prev.phase == change.phase
+    if not (prev is not None and change.action == "none" and outcome is None and prev.phase == change.phase
             and prev.generation == change.generation and prev.attempt == change.attempt
-            and (change.spec_digest is None or prev.spec.digest == change.spec_digest) and bool(prev.history))
+            and (change.spec_digest is None or prev.spec.digest == change.spec_digest) and bool(prev.history)):
+        return False
+    # A condition left over from a passing trouble (a machine that answers again) needs the full path.
+    reach = prev.condition("MachineReachable")
+    return reach is None or reach.status == "True"
 
 
 def _refresh(prev: RunStatus, change, obs, now: float) -> RunStatus:
