@@ -7,7 +7,6 @@ message, never a traceback.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 

@@ -36,7 +36,6 @@ import signal
 import sys
 import threading
 import time
-from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 

@@ -15,12 +15,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tests.repo_helpers import wait_for  # noqa: F401 - the shared poller, used by the daemon tests
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,17 +47,6 @@ def git(cwd: Path, *args: str, check: bool = True) -> str:
     if check and p.returncode != 0:
         raise AssertionError(f"git {' '.join(args)} failed: {p.stderr}")
     return p.stdout.strip()
-
-
-def wait_for(cond, timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 def free_port() -> int:

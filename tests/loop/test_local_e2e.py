@@ -6,7 +6,6 @@ import os
 import signal
 
 import git
-import pytest
 
 from tests.repo_helpers import (
     commit_all, group_alive, kill_group, make_repo, pass_until, pgid_of, processes_with, reconcile_cli, reconciler,
@@ -15,17 +14,6 @@ from tests.repo_helpers import (
 
 # A job with a child of its own: killing the process group must take the child too.
 LONG = ["sh", "-c", "sleep 300 & echo child=$!; sleep 300; wait"]
-
-
-@pytest.fixture
-def ws_root(tmp_path):
-    root = tmp_path / "ws"
-    yield root
-    for pid in processes_with(str(root)):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def test_launch_running_succeeded_with_status_commits(tmp_path, ws_root):

@@ -2,26 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 
-import pytest
-
 from tests.repo_helpers import (
-    commit_all, make_repo, pass_until, processes_with, reconciler, run_spec, status_of, wait_for, workspace,
+    commit_all, make_repo, pass_until, reconciler, run_spec, status_of, wait_for, workspace,
 )
-
-
-@pytest.fixture
-def ws_root(tmp_path):
-    root = tmp_path / "ws"
-    yield root
-    for pid in processes_with(str(root)):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def test_finished_runs_settle_and_come_back_when_touched(tmp_path, ws_root):
