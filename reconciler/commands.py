@@ -58,7 +58,13 @@ def cmd_once(args: argparse.Namespace, dry_run: bool) -> int:
     cfg = _cfg(args, **flags)
     _require_specs(cfg)
     rec = Reconciler(cfg)
-    result = rec.run_pass(dry_run=dry_run)
+    if dry_run:
+        result = rec.run_pass(dry_run=True)
+    else:
+        from .lock import RepoLock
+
+        with RepoLock(cfg.state_dir):  # held by a running daemon: exit 2, naming it
+            result = rec.run_pass()
     if args.json:
         out = result.plan.to_json()
         if not dry_run:

@@ -1,5 +1,8 @@
 """One writer per checkout: an exclusive ``flock`` on ``.reconciler/daemon.lock``, holding the pid.
 
+The daemon holds it for its lifetime and ``reconcile --once`` for its pass, so a one-off pass
+never interleaves its status writes and commit with a daemon's on the same checkout.
+
 The kernel drops the lock when the process dies, kill -9 included, so a stale file never blocks a
 restart; the pid inside is only there to name the holder in the refusal message.
 """
@@ -18,7 +21,7 @@ class LockHeld(UsageError):
 
     def __init__(self, path: Path, pid: int | None):
         who = f"pid {pid}" if pid else "another process"
-        super().__init__(f"another reconciler daemon ({who}) is already running on this checkout; "
+        super().__init__(f"another reconciler ({who}) is already running on this checkout; "
                          f"it holds {path}. Stop it first, or use another clone.")
         self.pid = pid
 

@@ -10,13 +10,13 @@ and its outcome into the next status.
 
 from __future__ import annotations
 
-import io
 import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ruamel.yaml import YAML
 
@@ -106,23 +106,24 @@ _ORDER = ["apiVersion", "kind", "name", "phase", "generation", "attempt", "messa
 
 
 def _yaml() -> YAML:
-    y = YAML(typ="safe", pure=True)
-    y.default_flow_style = False
-    y.sort_base_mapping_type_on_output = False  # keep our order
-    y.width = 4096
-    return y
+    """The reader for status files libyaml refuses (or when PyYAML lacks libyaml)."""
+    return YAML(typ="safe", pure=True)
+
+
+_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
 def dump(status: RunStatus) -> str:
+    """The file text: fixed key order, no empty fields. libyaml emits it (about 10x faster than a
+    pure-Python emitter, which matters when a first pass writes thousands of files)."""
     data = status.model_dump(mode="json", exclude_none=True)
     ordered: dict[str, Any] = {"apiVersion": "reconciler/v1", "kind": "RunStatus"}
     for key in _ORDER[2:]:
         if key in data and data[key] not in ([], {}, ""):
             ordered[key] = data[key]
-    buf = io.StringIO()
-    buf.write("# Written by the reconciler. Do not edit: it is rewritten on every change.\n")
-    _yaml().dump(ordered, buf)
-    return buf.getvalue()
+    return ("# Written by the reconciler. Do not edit: it is rewritten on every change.\n"
+            + yaml.dump(ordered, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=4096,
+                        allow_unicode=True))
 
 
 class StatusCache:
@@ -327,6 +328,7 @@ def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_com
             st.phase = change.phase if st.phase != change.phase else st.phase
             if not st.history:
                 record(st, change.phase, change.reason, now)
+                st.message = change.reason
         else:
             record(st, change.phase, change.reason, now)
             st.message = change.reason

@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -104,6 +105,13 @@ def test_second_daemon_refused_and_sigterm_pushes_and_exits_0(world):
     assert other.proc.returncode == 2
     assert f"pid {d.proc.pid}" in other.text() and "already running" in other.text(), other.text()
     assert d.proc.poll() is None
+    # A one-off pass on the same checkout is refused too; a dry run (it writes nothing) is not.
+    once = subprocess.run([sys.executable, "-m", "reconciler", "--once", "--repo", str(clone)], capture_output=True,
+                          text=True, env=world.env(), timeout=60)
+    assert once.returncode == 2 and f"pid {d.proc.pid}" in once.stderr, once.stderr
+    plan = subprocess.run([sys.executable, "-m", "reconciler", "plan", "--repo", str(clone)], capture_output=True,
+                          text=True, env=world.env(), timeout=60)
+    assert plan.returncode == 0, plan.stderr
 
     world.add_spec("graceful")
     wait_for(lambda: Path(str(hold) + ".held").exists(), timeout=20, what="a status commit waiting to be pushed")
