@@ -86,6 +86,12 @@ def _one(c: Change, ctx: ApplyContext) -> Outcome:
             if done.get("error"):
                 raise TemporaryError(f"cannot stop {k.identity} on {k.machine}: {done['error']}")
             out.killed.append(k.identity)
+        if c.collect_first is not None:
+            f = c.collect_first
+            try:
+                _collect_into(ctx, f.machine, f.identity, f.workspace, final=False)
+            except ReconcilerError:
+                pass  # the relaunch matters more than the failed attempt's logs; its workspace stays
         if c.action in ("launch", "relaunch"):
             _launch(c, ctx, out)
         elif c.action == "collect" and c.machine:
@@ -156,10 +162,17 @@ def _resume_path(t, c: Change) -> str | None:
 
 
 def _collect(c: Change, ctx: ApplyContext, out: Outcome) -> None:
-    t = ctx.transport_for(c.machine)
-    ws = c.workspace or t.workspace(c.identity)
-    local_dir = Path(ws) if c.machine == LOCAL else ctx.bundle_dir(c.identity)
-    t.fetch(c.identity, local_dir)
+    final = c.phase in ("Succeeded", "Failed", "Terminated")
+    out.manifest, out.workspace = _collect_into(ctx, c.machine, c.identity, c.workspace, final)
+
+
+def _collect_into(ctx: ApplyContext, machine: str, identity: str, workspace: str | None,
+                  final: bool) -> tuple[dict, str]:
+    """Fetch an attempt's artifacts into its local bundle and write its manifest there."""
+    t = ctx.transport_for(machine)
+    ws = workspace or t.workspace(identity)
+    local_dir = Path(ws) if machine == LOCAL else ctx.bundle_dir(identity)
+    t.fetch(identity, local_dir)
     if local_dir.is_dir():  # artifacts/manifest.json: provenance and every artifact's size and hash
         full = provenance.write(local_dir)
         manifest = {"artifacts": full["run"]["artifacts"], "provenance": provenance.summary(full)}
@@ -167,7 +180,6 @@ def _collect(c: Change, ctx: ApplyContext, out: Outcome) -> None:
         manifest = {"artifacts": []}
     # Only a run's final collection removes its remote workspace: a failed attempt that will be
     # retried keeps it (the retry may resume from its checkpoints; attempts are counted from it).
-    final = c.phase in ("Succeeded", "Failed", "Terminated")
-    remove = c.machine != LOCAL and ctx.remote_cleanup == "after_collect" and final
+    remove = machine != LOCAL and ctx.remote_cleanup == "after_collect" and final
     launchers.finish(t, ws, remove)
-    out.manifest, out.workspace = manifest, str(local_dir)
+    return manifest, str(local_dir)

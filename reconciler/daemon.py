@@ -337,6 +337,12 @@ class Daemon:
         from . import httpd
 
         def on_push(info: dict) -> None:
+            ref = info.get("ref") or ""
+            tracked = f"refs/heads/{self.remote.branch}" if self.remote is not None else None
+            if ref and tracked and ref != tracked:  # a push to another branch changes nothing here
+                self.metrics.count("webhooks", "ignored")
+                event(logging.INFO, "webhook: push to another branch; nothing to fetch", ref=ref)
+                return
             self.metrics.count("webhooks", "accepted")
             event(logging.INFO, "webhook: fetching now", **{k: v for k, v in info.items() if v})
             self.request(fetch=True)

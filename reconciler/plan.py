@@ -63,6 +63,7 @@ class Change:
     spec_digest: str | None = None
     spec_path: str | None = None
     resume_from: str | None = None  # identity of the attempt whose checkpoints a relaunch resumes
+    collect_first: Kill | None = None  # a finished attempt to collect before relaunching
     stalled: str | None = None  # set when spec.stall is configured and the run made no progress (the why)
 
     @property
@@ -99,6 +100,8 @@ class Plan:
                 where += f" on {c.machine}"
             if c.kill:
                 where += (" " if where else "") + "(stop " + ", ".join(k.identity for k in c.kill) + ")"
+            if c.collect_first:
+                where += (" " if where else "") + f"(collect {c.collect_first.identity})"
             if c.retry_after is not None:
                 where += (" " if where else "") + f"(retry in {c.retry_after:.0f}s)"
             lines.append(f"  {SYMBOL[c.action]} {c.action:<12} {c.name:<{width}}  {where}")
@@ -394,8 +397,11 @@ def _after_failure(name, entry, prev, ident, obs, why, now, launch, base, policy
             if obs is not None and not obs.collected:
                 c.action, c.machine, c.workspace = "collect", obs.machine, obs.workspace
             return [c]
-        return [launch(attempt + 1, "Relaunch", f"{why}; retry {retries_used + 1}/{policy.maxRetries}",
-                       resume_from=resume)]
+        c = launch(attempt + 1, "Relaunch", f"{why}; retry {retries_used + 1}/{policy.maxRetries}",
+                   resume_from=resume)
+        if obs is not None and not obs.collected and c.action == "relaunch":
+            c.collect_first = Kill(obs.machine, obs.identity, obs.workspace)  # its logs and manifest
+        return [c]
     phase = "Failed"
     if obs is not None and not obs.collected:
         return [Change(name, "collect", "Failed", f"{why}; {no_retry}", phase, identity=ident,

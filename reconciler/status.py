@@ -318,6 +318,8 @@ def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_com
                 )
             st.exit_code = None
             st.retry_at = None
+            if change.action in ("launch", "relaunch") and launched is not None and not launched.adopted:
+                st.progress = None  # the previous attempt's progress is not this one's
             if launched is not None and launched.adopted:
                 reason = f"{change.reason} (found {change.identity} already running: adopted)"
             else:

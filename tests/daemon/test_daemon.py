@@ -144,6 +144,12 @@ def test_webhook_bad_signature_refused_good_one_fetches_at_once(world):
     assert code == 401
     assert git(clone, "rev-parse", "refs/remotes/origin/main") == tracking_before, "a refused webhook fetched"
     assert not world.workspaces()
+    # Correctly signed, but for another branch: accepted and ignored, nothing fetched.
+    other = json.dumps({"ref": "refs/heads/feature"}).encode()
+    code, _ = http("POST", d.url + "/hooks/git", other, dict(headers, **{"X-Hub-Signature-256": sign(SECRET, other)}))
+    assert code == 202
+    wait_for(lambda: d.logged("webhook: push to another branch; nothing to fetch"), timeout=10, what="the ignore")
+    assert git(clone, "rev-parse", "refs/remotes/origin/main") == tracking_before
 
     t0 = time.monotonic()
     code, _ = http("POST", d.url + "/hooks/git", body, dict(headers, **{"X-Hub-Signature-256": sign(SECRET, body)}))
@@ -155,6 +161,7 @@ def test_webhook_bad_signature_refused_good_one_fetches_at_once(world):
     text = metrics.decode()
     assert 'reconciler_webhooks_total{result="refused"} 3' in text
     assert 'reconciler_webhooks_total{result="accepted"} 1' in text
+    assert 'reconciler_webhooks_total{result="ignored"} 1' in text
 
 
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*"'

@@ -141,7 +141,9 @@ def test_kill_9_of_the_job_is_lost_and_relaunched(tmp_path, ws_root):
     change = result.plan.for_run("victim")
     assert change.action == "relaunch" and change.identity == "victim-g1-a2"
     assert "lost" in change.reason
-    assert result_of(ws_root, "victim-g1-a1") is None  # nothing wrote a result: it was lost, not failed
+    # Nothing wrote a result: it was lost, not failed. Its logs were still collected.
+    assert result_of(ws_root, "victim-g1-a1") is None
+    assert (workspace(ws_root, "victim-g1-a1") / "artifacts" / "manifest.json").is_file()
     st = status_of(repo_dir, "victim")
     assert (st.attempt, st.phase) == (2, "Running")
     assert wait_for(lambda: processes_with("RECONCILER_IDENTITY=victim-g1-a2"))
