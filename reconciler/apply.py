@@ -164,6 +164,10 @@ def _resume_path(t, c: Change) -> str | None:
 def _collect(c: Change, ctx: ApplyContext, out: Outcome) -> None:
     final = c.phase in ("Succeeded", "Failed", "Terminated")
     out.manifest, out.workspace = _collect_into(ctx, c.machine, c.identity, c.workspace, final)
+    if final and ctx.remote_cleanup == "after_collect":
+        for k in c.cleanup:
+            t = ctx.transport_for(k.machine)
+            launchers.finish(t, k.workspace or t.workspace(k.identity), remove=True)
 
 
 def _collect_into(ctx: ApplyContext, machine: str, identity: str, workspace: str | None,

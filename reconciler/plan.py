@@ -64,6 +64,7 @@ class Change:
     spec_path: str | None = None
     resume_from: str | None = None  # identity of the attempt whose checkpoints a relaunch resumes
     collect_first: Kill | None = None  # a finished attempt to collect before relaunching
+    cleanup: list[Kill] = field(default_factory=list)  # earlier attempts' remote workspaces, at the end
     stalled: str | None = None  # set when spec.stall is configured and the run made no progress (the why)
 
     @property
@@ -270,6 +271,19 @@ def _on_unreachable(world: ObservedWorld, prev: RunStatus | None) -> str | None:
 
 def _running(name: str, entry: RunEntry, prev: RunStatus | None, world: ObservedWorld, desired: DesiredState,
              slots: dict[str, Slot], settings: PlanSettings, now: float) -> list[Change]:
+    changes = _running_changes(name, entry, prev, world, desired, slots, settings, now)
+    for c in changes:
+        if c.action == "collect" and c.phase in ("Succeeded", "Failed"):
+            # The run is over: the workspaces its earlier attempts left on remote machines can go
+            # (they were collected when those attempts ended; local ones are the bundles themselves).
+            c.cleanup = [Kill(r.machine, r.identity, r.workspace) for r in world.instances(name)
+                         if r.identity != c.identity and not r.alive and r.machine != LOCAL]
+    return changes
+
+
+def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: ObservedWorld,
+                     desired: DesiredState, slots: dict[str, Slot], settings: PlanSettings,
+                     now: float) -> list[Change]:
     run = entry.run
     policy = run.spec.restartPolicy
     same_spec = prev is not None and prev.generation > 0 and prev.spec.digest == entry.digest

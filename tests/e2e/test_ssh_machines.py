@@ -140,6 +140,9 @@ def test_killed_remote_job_is_relaunched_then_fails(tmp_path, sshd):
         assert st.attempt == 2 and "victim-g1-a2 was terminated from outside" in st.message
         assert "no retries left" in st.message
         assert alive_instances(root, "victim") == []
+        # The run is over: no workspace of any of its attempts is left on the machine.
+        assert not [p.name for p in root.iterdir() if p.name.startswith("victim-")]
+        assert (w.repo / ".reconciler" / "bundles" / "victim-g1-a1" / "artifacts" / "manifest.json").is_file()
     finally:
         w.cleanup()
 
