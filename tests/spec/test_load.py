@@ -37,7 +37,7 @@ spec:
   known_hosts: /etc/ssh/known_hosts
   machines:
     - name: m1
-      ssh: {host: 10.0.0.1, user: u, identity_file: ~/.ssh/key}
+      ssh: {host: 127.0.0.1, user: u, identity_file: ~/.ssh/key}
 """
 
 
