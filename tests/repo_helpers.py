@@ -117,32 +117,8 @@ def pgid_of(ws_root: Path, identity: str) -> int:
     return int((workspace(ws_root, identity) / "runtime" / "pid").read_text())
 
 
-def processes_with(text: str) -> list[int]:
-    """Live (non-zombie) pids whose environment or command line mentions ``text``."""
-    pids = []
-    needle = text.encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                stat = fh.read().decode()
-            if stat[stat.rfind(")") + 2:].split()[0] in ("Z", "X"):
-                continue
-            found = False
-            for part in ("cmdline", "environ"):
-                with open(f"/proc/{entry}/{part}", "rb") as fh:
-                    if needle in fh.read():
-                        found = True
-                        break
-            if found and int(entry) != os.getpid():
-                pids.append(int(entry))
-        except OSError:
-            continue
-    return pids
-
-
-def group_alive(pgid: int) -> bool:
+def _live_processes():
+    """(pid, fields after the command name in /proc/PID/stat) for every live, non-zombie process."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -152,9 +128,30 @@ def group_alive(pgid: int) -> bool:
         except OSError:
             continue
         rest = stat[stat.rfind(")") + 2:].split()
-        if rest[0] not in ("Z", "X") and int(rest[2]) == pgid:
-            return True
-    return False
+        if rest and rest[0] not in ("Z", "X"):
+            yield int(entry), rest
+
+
+def processes_with(text: str) -> list[int]:
+    """Live pids whose environment or command line mentions ``text`` (this process excluded)."""
+    needle = text.encode()
+    pids = []
+    for pid, _ in _live_processes():
+        if pid == os.getpid():
+            continue
+        for part in ("cmdline", "environ"):
+            try:
+                with open(f"/proc/{pid}/{part}", "rb") as fh:
+                    if needle in fh.read():
+                        pids.append(pid)
+                        break
+            except OSError:
+                continue
+    return pids
+
+
+def group_alive(pgid: int) -> bool:
+    return any(int(rest[2]) == pgid for _, rest in _live_processes())
 
 
 def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:

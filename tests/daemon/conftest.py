@@ -21,18 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.repo_helpers import wait_for  # noqa: F401 - the shared poller, used by the daemon tests
+from tests.repo_helpers import LOCAL_HOST, wait_for  # noqa: F401 - wait_for is used by the daemon tests
 
 ROOT = Path(__file__).resolve().parents[2]
-
-LOCAL_HOST = """\
-apiVersion: reconciler/v1
-kind: ExecutionTemplate
-id: local-host
-placement: {kind: local}
-launch_mode: {kind: host_process}
-allow_overrides: [resources, runtime_env]
-"""
 
 
 def run_spec(name: str, command: str = "echo hi; sleep 30") -> str:
