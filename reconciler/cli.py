@@ -61,7 +61,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_schema(args: argparse.Namespace) -> int:
     from .spec import schema
 
-    directory = Path(args.repo or ".").resolve() / "schemas"
+    repo = Path(args.repo or ".")
+    if not repo.is_dir():
+        print(f"reconcile schema: {repo}: no such directory", file=sys.stderr)
+        return 2
+    directory = repo.resolve() / "schemas"
     if args.check:
         bad = schema.drift(directory)
         for name in bad:

@@ -125,4 +125,10 @@ def load(repo: str | None = None, path: str | None = None, flags: dict[str, Any]
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
+        if first["type"] == "extra_forbidden":
+            import difflib
+
+            close = difflib.get_close_matches(where, list(Config.model_fields), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise UsageError(f"configuration: unknown setting '{where}'{hint}") from None
         raise UsageError(f"configuration: {where}: {first['msg']}") from None

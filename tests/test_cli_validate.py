@@ -201,3 +201,8 @@ def test_json_format(repo: Path) -> None:
     assert doc["valid"] is False and doc["files_checked"] == 4
     assert [(e["path"], e["line"], e["col"]) for e in doc["errors"]] == [
         ("specs/other/broken.yaml", 3, 11), ("specs/runs/dangling.yaml", 6, 3)]
+
+
+def test_schema_check_on_a_missing_directory_is_exit_2(tmp_path: Path) -> None:
+    r = reconcile("schema", "--check", "--repo", str(tmp_path / "nope"), cwd=tmp_path)
+    assert r.returncode == 2 and "no such directory" in r.stderr and "Traceback" not in r.stderr
