@@ -354,8 +354,11 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
                        machine=obs.machine, workspace=obs.workspace, exit_code=0, kill=stale, backend=_backend(entry, desired),
                        **base)]
 
+    stall = prev.condition("Stalled") if prev is not None else None
+    stopped_for_stall = stall is not None and stall.status == "True"
     why = {"failed": f"{ident} failed (exit {obs.exit_code})" + (f": {obs.message}" if obs.message else ""),
-           "terminated": f"{ident} was terminated from outside (exit {obs.exit_code})",
+           "terminated": (f"{ident} was stopped after stalling ({stall.message})" if stopped_for_stall
+                          else f"{ident} was terminated from outside (exit {obs.exit_code})"),
            "lost": f"{ident} is lost: no process and no result" + (f" ({obs.message})" if obs.message else "")}
     return _after_failure(name, entry, prev, ident, obs, why.get(obs.state, obs.state), now, launch, base, policy)
 

@@ -239,3 +239,14 @@ def test_diff_names_the_reproducibility_fields_that_differ(tmp_path):
 def test_flatten_keys_records_by_path():
     flat = provenance.flatten({"a": [{"path": "x", "n": 1}, {"path": "y", "n": 2}], "b": {"c": None}, "e": []})
     assert flat == {"a[x].path": "x", "a[x].n": 1, "a[y].path": "y", "a[y].n": 2, "b.c": None, "e": []}
+
+
+def test_after_a_stall_terminate_the_reason_says_so():
+    case = swift_case({"afterSeconds": 60, "action": "terminate"}, progress_at=1000.0, now=1200.0)
+    change, previous, world = plan_for(case)
+    st = summarize(previous["sft"], change, None, world.find("sft-g1-a1"), 1200.0, None)
+    assert st.condition("Stalled").status == "True"
+    case["observed"]["local"]["runs"]["sft-g1-a1"].update(state="terminated", exit_code=143, finished_at=1201.0)
+    desired, world2, _, _, settings = build(case)
+    nxt = make_plan(desired, world2, {"sft": st}, 1210.0, settings).for_run("sft")
+    assert "sft-g1-a1 was stopped after stalling (no training progress since" in nxt.reason
