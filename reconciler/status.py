@@ -247,10 +247,6 @@ def set_condition(st: RunStatus, type_: str, status: str, reason: str, message: 
     cur.status, cur.reason, cur.message = status, reason, message
 
 
-def clear_condition(st: RunStatus, type_: str) -> None:
-    st.conditions = [c for c in st.conditions if c.type != type_]
-
-
 def record(st: RunStatus, phase: str, reason: str, now: float) -> None:
     """Move to a phase; a history entry is added when phase, generation or attempt changes."""
     last = st.history[-1] if st.history else None

@@ -107,7 +107,3 @@ def terminate(t: Transport, identity: str, workspace: str, grace: float) -> dict
 
 def finish(t: Transport, workspace: str, remove: bool) -> dict:
     return t.agent({"op": "finish", "workspace": workspace, "remove": remove})
-
-
-def describe(result: dict) -> str:
-    return json.dumps(result, sort_keys=True)
