@@ -20,13 +20,13 @@ Every process started here is killed at the end (the daemons by pid, the runs by
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import hmac
 import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,6 +36,11 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests import repo_helpers  # noqa: E402
+from tests.infra._proc import free_port  # noqa: E402
+
 SECRET = "bench-secret"
 TEMPLATE = """apiVersion: reconciler/v1
 kind: ExecutionTemplate
@@ -74,20 +79,8 @@ def git(cwd: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env=env, check=True).stdout.strip()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(cond, timeout: float, interval: float = 0.002):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(interval)
-    raise TimeoutError
+# Latencies are measured by polling: a short interval keeps the measurement error at ~2 ms.
+wait_for = functools.partial(repo_helpers.wait_for, interval=0.002)
 
 
 class Bench:

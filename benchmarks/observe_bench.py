@@ -36,6 +36,7 @@ import yaml  # noqa: E402
 from reconciler import config  # noqa: E402
 from reconciler.loop import Reconciler  # noqa: E402
 from reconciler.observe import names_to_watch, observe  # noqa: E402
+from reconciler.runtime import probe  # noqa: E402
 from reconciler.spec.load import load_tree  # noqa: E402
 from reconciler.transports import TransportPool  # noqa: E402
 from tests.infra.sshd import SshServer  # noqa: E402
@@ -92,16 +93,9 @@ def run_doc(name: str, argv: list[str], target: str | None = None) -> dict:
 
 
 def process_with(needle: str) -> bool:
-    b = needle.encode()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                    if b in fh.read():
-                        return True
-            except OSError:
-                continue
-    return False
+    """Whether a live process carries ``needle`` (the agent's own /proc scan and test)."""
+    groups = probe._process_groups()
+    return any(probe.group_alive(pgid, needle, groups) for pgid in groups)
 
 
 def main() -> int:
@@ -181,7 +175,7 @@ def main() -> int:
         full = time.perf_counter() - t1
         # Reach the steady state: adopt the live runs, collect the finished ones, commit.
         t1 = time.perf_counter()
-        warm = rec.run_pass()
+        rec.run_pass()
         warm_time = time.perf_counter() - t1
         t1 = time.perf_counter()
         steady = rec.run_pass()

@@ -51,8 +51,9 @@ class ApplyContext:
     secret_source: Callable[[str], str | None] = os.environ.get
     machine_python: Callable[[str], str | None] = lambda machine: None
 
-    def bundle_dir(self, identity: str) -> Path:
-        return self.repo / ".reconciler" / "bundles" / identity
+    def local_dir(self, machine: str, identity: str, workspace: str) -> Path:
+        """Where an attempt's bundle lives on this host: its workspace itself when it runs here."""
+        return Path(workspace) if machine == LOCAL else self.repo / ".reconciler" / "bundles" / identity
 
 
 def apply(plan: Plan, ctx: ApplyContext) -> list[Outcome]:
@@ -98,8 +99,6 @@ def _one(c: Change, ctx: ApplyContext) -> Outcome:
             _collect(c, ctx, out)
     except PermanentError as e:
         out.ok, out.error, out.permanent = False, str(e), True
-    except TemporaryError as e:
-        out.ok, out.error = False, str(e)
     except ReconcilerError as e:
         out.ok, out.error = False, str(e)
     except Exception as e:  # noqa: BLE001 - one run's failure never stops the pass
@@ -112,8 +111,7 @@ def _launch(c: Change, ctx: ApplyContext, out: Outcome) -> None:
     template = ctx.desired.templates[entry.run.spec.template]
     eff = effective(entry.run, template)
     t = ctx.transport_for(c.machine)
-    ws = t.workspace(c.identity)
-    local_dir = Path(ws) if c.machine == LOCAL else ctx.bundle_dir(c.identity)
+    local_dir = ctx.local_dir(c.machine, c.identity, t.workspace(c.identity))
     python = eff.python or ctx.machine_python(c.machine)
     resume = _resume_path(t, c) if c.resume_from and entry.run.spec.task.type != "command" else None
     req = bundles.BundleRequest(
@@ -175,7 +173,7 @@ def _collect_into(ctx: ApplyContext, machine: str, identity: str, workspace: str
     """Fetch an attempt's artifacts into its local bundle and write its manifest there."""
     t = ctx.transport_for(machine)
     ws = workspace or t.workspace(identity)
-    local_dir = Path(ws) if machine == LOCAL else ctx.bundle_dir(identity)
+    local_dir = ctx.local_dir(machine, identity, ws)
     t.fetch(identity, local_dir)
     if local_dir.is_dir():  # artifacts/manifest.json: provenance and every artifact's size and hash
         full = provenance.write(local_dir)

@@ -50,13 +50,17 @@ class BundleRequest:
 @dataclass
 class Bundle:
     path: Path
-    digest: str
+
+    @property
+    def digest(self) -> str:
+        """Computed on demand: it reads every staged file, and a launch does not need it."""
+        return digest(self.path)
 
 
 def build(req: BundleRequest, dest: Path) -> Bundle:
     """Build into ``dest`` (atomically). An existing bundle for the identity is reused as is."""
     if (dest / "job.json").is_file():
-        return Bundle(dest, digest(dest))
+        return Bundle(dest)
     tmp = dest.with_name(f".{dest.name}.building")
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "scripts").mkdir(parents=True)
@@ -113,7 +117,7 @@ def build(req: BundleRequest, dest: Path) -> Bundle:
     if dest.exists():  # a half-built or foreign folder without job.json
         shutil.rmtree(dest)
     os.replace(tmp, dest)
-    return Bundle(dest, digest(dest))
+    return Bundle(dest)
 
 
 def _write(path: Path, data: bytes, mode: int) -> None:
@@ -128,15 +132,9 @@ def _stage_input(repo: Path, item: str, inputs_dir: Path) -> dict:
     dst = inputs_dir / item
     dst.parent.mkdir(parents=True, exist_ok=True)
     if src.is_dir():
-        shutil.copytree(src, dst, symlinks=False)
-        files = sorted(p for p in dst.rglob("*") if p.is_file())
-        h = hashlib.sha256()
-        size = 0
-        for p in files:
-            data = p.read_bytes()
-            size += len(data)
-            h.update(p.relative_to(dst).as_posix().encode() + b"\0" + hashlib.sha256(data).digest())
-        return {"path": item, "kind": "dir", "files": len(files), "size": size, "sha256": h.hexdigest()}
+        shutil.copytree(src, dst, symlinks=False)  # symlinks are copied as the files they point to
+        sha, files, size = codepin.tree_digest(dst)
+        return {"path": item, "kind": "dir", "files": files, "size": size, "sha256": sha}
     shutil.copy2(src, dst)
     data = dst.read_bytes()
     return {"path": item, "kind": "file", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}

@@ -18,17 +18,19 @@ SUBCOMMANDS = ("validate", "schema", "plan", "status", "logs", "provenance", "co
 
 def _repo_root(start: Path) -> Path:
     """The repository a path belongs to: the nearest ancestor with specs/, execution_templates/ or .git."""
+    from .spec.load import is_spec_repo
+
     p = start.resolve()
     if p.is_file():
         p = p.parent
     for cand in (p, *p.parents):
-        if (cand / "specs").is_dir() or (cand / "execution_templates").is_dir() or (cand / ".git").exists():
+        if is_spec_repo(cand) or (cand / ".git").exists():
             return cand
     return p
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .spec.load import discover, load_tree
+    from .spec.load import is_spec_repo, load_tree, yaml_files
 
     paths = [Path(p) for p in args.paths]
     for p in paths:
@@ -40,18 +42,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if paths:
         only = set()
         for p in paths:
-            if p.is_dir():
-                only.update(f.resolve() for f in list(p.rglob("*.yaml")) + list(p.rglob("*.yml")))
-            else:
-                only.add(p.resolve())
+            only.update(f.resolve() for f in (yaml_files(p) if p.is_dir() else [p]))
         if not only:
             print(f"reconcile validate: no .yaml files under {', '.join(map(str, paths))}", file=sys.stderr)
             return 2
-    elif not (root / "specs").is_dir() and not (root / "execution_templates").is_dir():
+    elif not is_spec_repo(root):
         print(f"reconcile validate: {root}: no specs/ or execution_templates/ here (use --repo DIR)", file=sys.stderr)
         return 2
     desired = load_tree(root, only=only)
-    checked = len(only) if only is not None else len(discover(root))
+    checked = len(only) if only is not None else len(desired.files)
     out = render(desired.diagnostics, args.format, checked)
     if out:
         print(out)
@@ -162,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as e:  # an unreadable or unwritable file the user named or owns: exit 2, no traceback
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"reconcile: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
 
 
 def _dispatch(name: str, args: argparse.Namespace) -> int:

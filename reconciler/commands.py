@@ -45,7 +45,9 @@ def run(name: str, args: argparse.Namespace) -> int:
 
 
 def _require_specs(cfg: configs.Config) -> None:
-    if not (cfg.repo / "specs").is_dir() and not (cfg.repo / "execution_templates").is_dir():
+    from .spec.load import is_spec_repo
+
+    if not is_spec_repo(cfg.repo):
         raise UsageError(f"{cfg.repo}: no specs/ or execution_templates/ here (use --repo DIR)")
 
 
@@ -125,7 +127,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     rows = [("NAME", "PHASE", "GEN/ATT", "MACHINE", "AGE", "MESSAGE")]
     for name, st in sorted(all_status.items()):
         since = st.history[-1].time if st.history else st.observed_at
-        rows.append((name, st.phase, f"{st.generation}/{st.attempt}", st.handle.machine if st.handle else "-",
+        rows.append((name, st.phase, f"{st.generation}/{st.attempt}", (st.handle and st.handle.machine) or "-",
                      _age(since, now), (st.message or "")[:80]))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     for r in rows:

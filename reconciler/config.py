@@ -89,9 +89,7 @@ def _git(repo: Path, *args: str) -> str | None:
 
 
 def _coerce(field: str, raw: str) -> Any:
-    ann = Config.model_fields[field].annotation
-    text = str(ann)
-    if ann is bool or text == "bool":
+    if Config.model_fields[field].annotation is bool:
         return raw.lower() in ("1", "true", "yes", "on")
     return raw
 
@@ -107,6 +105,8 @@ def load(repo: str | None = None, path: str | None = None, flags: dict[str, Any]
 
         try:
             loaded = yamlsafe.located_load(yamlsafe.decode(file_path.read_bytes())).data
+        except OSError as e:
+            raise UsageError(f"{file_path}: cannot read: {e.strerror or e}") from None
         except yamlsafe.YamlProblem as p:
             raise UsageError(f"{file_path}:{p.line}:{p.col}: {p.message}") from None
         if not isinstance(loaded, dict):

@@ -31,4 +31,4 @@ def parse(text: str) -> Identity | None:
 
 
 def make(name: str, generation: int, attempt: int) -> str:
-    return f"{name}-g{generation}-a{attempt}"
+    return str(Identity(name, generation, attempt))

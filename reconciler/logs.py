@@ -15,7 +15,6 @@ from __future__ import annotations
 import shlex
 import sys
 import time
-from pathlib import Path
 
 from . import status as statuses
 from .config import Config
@@ -46,31 +45,36 @@ def follow_logs(cfg: Config, name: str, stream: str, lines: int, follow: bool, i
     if st is None or st.handle is None or not st.handle.workspace:
         print(f"reconcile logs: run {name!r} has not been launched (no status handle)", file=sys.stderr)
         return 1
-    machine = st.handle.machine or LOCAL
-    collected = str(cfg.repo / ".reconciler" / "bundles" / (st.handle.identity or ""))
+    machine, ws = st.handle.machine or LOCAL, st.handle.workspace
+    # The copy collected after the run (named by its identity; without one there is none to find).
+    collected = cfg.state_dir / "bundles" / st.handle.identity if st.handle.identity else None
+
+    def has_copy() -> bool:  # asked again when a workspace is gone: collection may have happened meanwhile
+        return machine != LOCAL and collected is not None and collected.is_dir()
+
     pool = TransportPool(cfg, load_tree(cfg.repo))
     try:
-        ws = st.handle.workspace
-        if machine != LOCAL and st.phase in statuses.TERMINAL and Path(collected).is_dir():
-            machine, ws = LOCAL, collected
+        if st.phase in statuses.TERMINAL and has_copy():
+            machine, ws = LOCAL, str(collected)
         t = pool.get(machine)
         offsets: dict[str, int | None] = {f: None for f in STREAMS[stream]}
+
+        def read(f: str) -> tuple[str, str, str]:
+            header, _, body = t.sh(read_script(ws, f, offsets[f], lines), timeout=60).out.partition("\n")
+            size, _, done = header.partition(" ")
+            return size, done, body
+
         while True:
             first_done = None
             for f in STREAMS[stream]:
-                r = t.sh(read_script(ws, f, offsets[f], lines), timeout=60)
-                header, _, body = r.out.partition("\n")
-                size, _, done = header.partition(" ")
+                size, done, body = read(f)
                 if size == "gone":
-                    if machine != LOCAL and Path(collected).is_dir():
-                        machine, ws, t = LOCAL, collected, pool.get(LOCAL)  # removed after collection
-                        r = t.sh(read_script(ws, f, offsets[f], lines), timeout=60)
-                        header, _, body = r.out.partition("\n")
-                        size, _, done = header.partition(" ")
-                    else:
+                    if not has_copy():
                         print(f"reconcile logs: the workspace of {st.handle.identity} is gone from {machine}",
                               file=sys.stderr)
                         return 1
+                    machine, ws, t = LOCAL, str(collected), pool.get(LOCAL)  # removed after collection
+                    size, done, body = read(f)
                 if first_done is None:
                     first_done = done.strip() == "1"
                 if body:

@@ -19,7 +19,7 @@ from .apply import ApplyContext, Outcome, apply
 from .config import Config
 from .observe import names_to_watch, observe
 from .observed import ObservedWorld
-from .plan import LOCAL, Plan, PlanSettings, make_plan
+from .plan import Plan, PlanSettings, make_plan
 from .spec.load import DesiredState, SpecCache, load_tree
 from .transports import TransportPool
 
@@ -140,7 +140,6 @@ class Reconciler:
         result.duration = time.perf_counter() - t0
         return result
 
-
     def _settle(self, desired: DesiredState, world: ObservedWorld, plan: Plan, skipped: set[str],
                 phases: dict[str, str], status_dir: Path) -> None:
         """Remember which runs are finished and untouched, and let go of their parsed status.
@@ -178,4 +177,4 @@ def _digest(desired: DesiredState, name: str) -> str | None:
     return entry.digest if entry is not None else None
 
 
-__all__ = ["Reconciler", "PassResult", "Settled", "LOCAL", "Path"]
+__all__ = ["Reconciler", "PassResult", "Settled"]

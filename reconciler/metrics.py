@@ -97,8 +97,10 @@ class Metrics:
                 for suffix, labels, v in suffix_samples or []:
                     out.append(f"{name}{suffix}{_labels(labels)} {_num(v)}")
 
-            metric("reconciler_passes_total", "counter", "Reconcile passes, by result.",
-                   [({"result": k}, v) for k, v in sorted(self.passes.items())])
+            def table(name: str, help_: str, label: str, counts: dict[str, int]) -> None:
+                metric(name, "counter", help_, [({label: k}, v) for k, v in sorted(counts.items())])
+
+            table("reconciler_passes_total", "Reconcile passes, by result.", "result", self.passes)
             hist = [("_bucket", {"le": _num(b)}, n) for b, n in zip(PASS_BUCKETS, self.buckets)]
             hist.append(("_bucket", {"le": "+Inf"}, self.duration_count))
             hist.append(("_sum", {}, self.duration_sum))
@@ -106,18 +108,14 @@ class Metrics:
             metric("reconciler_pass_duration_seconds", "histogram", "Duration of reconcile passes.", [], hist)
             metric("reconciler_runs", "gauge", "Runs by phase, as of the last pass.",
                    [({"phase": k}, v) for k, v in sorted(self.runs.items())])
-            metric("reconciler_actions_total", "counter", "Plan actions applied, by action.",
-                   [({"action": k}, v) for k, v in sorted(self.actions.items())])
-            metric("reconciler_action_errors_total", "counter", "Plan actions that failed, by action.",
-                   [({"action": k}, v) for k, v in sorted(self.action_errors.items())])
+            table("reconciler_actions_total", "Plan actions applied, by action.", "action", self.actions)
+            table("reconciler_action_errors_total", "Plan actions that failed, by action.", "action",
+                  self.action_errors)
             metric("reconciler_push_retries_total", "counter", "Status pushes retried after the remote moved.",
                    [({}, self.push_retries)])
-            metric("reconciler_pushes_total", "counter", "Status pushes, by result.",
-                   [({"result": k}, v) for k, v in sorted(self.pushes.items())])
-            metric("reconciler_fetches_total", "counter", "Fetches of the tracked branch, by result.",
-                   [({"result": k}, v) for k, v in sorted(self.fetches.items())])
-            metric("reconciler_webhooks_total", "counter", "Webhook deliveries, by result.",
-                   [({"result": k}, v) for k, v in sorted(self.webhooks.items())])
+            table("reconciler_pushes_total", "Status pushes, by result.", "result", self.pushes)
+            table("reconciler_fetches_total", "Fetches of the tracked branch, by result.", "result", self.fetches)
+            table("reconciler_webhooks_total", "Webhook deliveries, by result.", "result", self.webhooks)
             metric("reconciler_rebase_resets_total", "counter",
                    "Failed rebases of status commits, resolved by taking the remote's status/.",
                    [({}, self.rebase_resets)])

@@ -11,7 +11,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from .errors import PermanentError, ReconcilerError
+from .errors import ReconcilerError
 from .observed import ObservedMachine, ObservedRun, ObservedWorld
 from .spec.load import DesiredState
 from .status import TERMINAL, RunStatus, parse_iso
@@ -49,13 +49,8 @@ def observe(machines: list[str], transport_for: Callable[[str], object], names: 
             t = transport_for(name)
             report = t.agent({"op": "probe", "names": names})
             m.round_trips = getattr(t, "round_trips", 1)
-        except ReconcilerError as e:
-            m.reachable, m.error = False, str(e)
-            m.unreachable_since = unreachable_since(previous, name) or now
-            m.permanent = isinstance(e, PermanentError)  # type: ignore[attr-defined]
-            return m
         except Exception as e:  # noqa: BLE001 - a probe failure must never stop the pass
-            m.reachable, m.error = False, f"{type(e).__name__}: {e}"
+            m.reachable, m.error = False, str(e) if isinstance(e, ReconcilerError) else f"{type(e).__name__}: {e}"
             m.unreachable_since = unreachable_since(previous, name) or now
             return m
         if report.get("error"):
@@ -67,7 +62,7 @@ def observe(machines: list[str], transport_for: Callable[[str], object], names: 
             m.runs[ident] = ObservedRun(
                 identity=ident, machine=name, state=state, exit_code=r.get("exit_code"),
                 finished_at=r.get("finished_at"), started_at=r.get("started_at"),
-                heartbeat_age=r.get("heartbeat_age"), pid=r.get("pid"), container=r.get("container"),
+                pid=r.get("pid"), container=r.get("container"),
                 workspace=r.get("workspace"), gpus=list(r.get("gpus") or []), collected=bool(r.get("collected")),
                 message=r.get("message", ""), progress=r.get("progress"), permanent=bool(r.get("permanent")),
             )

@@ -25,7 +25,6 @@ class ObservedRun:
     exit_code: int | None = None
     finished_at: float | None = None  # unix time
     started_at: float | None = None
-    heartbeat_age: float | None = None
     pid: int | None = None
     container: str | None = None
     workspace: str | None = None
@@ -82,6 +81,3 @@ class ObservedWorld:
         if self._by_name is None:
             self._index()
         return list(self._by_name.get(name, ()))
-
-    def unreachable(self) -> dict[str, ObservedMachine]:
-        return {n: m for n, m in self.machines.items() if not m.reachable}

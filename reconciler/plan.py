@@ -26,11 +26,9 @@ from dataclasses import asdict, dataclass, field
 from .identity import make, parse
 from .observed import ObservedRun, ObservedWorld
 from .spec.load import DesiredState, RunEntry
-from .spec.models import Fleet
 from .spec.resolve import effective
 from .status import TERMINAL, RunStatus, iso, parse_iso
 
-ACTIONS = ("launch", "relaunch", "terminate", "collect", "mark_invalid", "wait", "adopt", "none")
 SYMBOL = {"launch": "+", "relaunch": "~", "terminate": "-", "collect": ">", "mark_invalid": "!", "wait": ".",
           "adopt": "=", "none": " "}
 LOCAL = "local"
@@ -99,12 +97,14 @@ class Plan:
             where = c.identity or ""
             if c.machine and c.action in ("launch", "relaunch", "adopt", "collect"):
                 where += f" on {c.machine}"
+            notes = [where] if where else []
             if c.kill:
-                where += (" " if where else "") + "(stop " + ", ".join(k.identity for k in c.kill) + ")"
+                notes.append("(stop " + ", ".join(k.identity for k in c.kill) + ")")
             if c.collect_first:
-                where += (" " if where else "") + f"(collect {c.collect_first.identity})"
+                notes.append(f"(collect {c.collect_first.identity})")
             if c.retry_after is not None:
-                where += (" " if where else "") + f"(retry in {c.retry_after:.0f}s)"
+                notes.append(f"(retry in {c.retry_after:.0f}s)")
+            where = " ".join(notes)
             lines.append(f"  {SYMBOL[c.action]} {c.action:<12} {c.name:<{width}}  {where}")
             lines.append(f"      {' ' * 12} {'':<{width}}  {c.code}: {c.reason}")
         counts = self.summary()
@@ -117,7 +117,6 @@ class PlanSettings:
     unreachable_grace: float = 300.0
     local_max_tasks: int | None = None
     local_gpus: int = 0
-    machine_roots: dict[str, str] = field(default_factory=dict)  # machine → workspace root (for display)
 
 
 # ---------------------------------------------------------------- capacity
@@ -135,6 +134,10 @@ class Slot:
     reachable: bool = True
     error: str = ""
 
+    def _free(self, gpu_type: str | None) -> list[int]:
+        return [i for i, t in sorted(self.gpu_types.items())
+                if i not in self.used_gpus and (gpu_type is None or t.lower() == gpu_type.lower())]
+
     def why_not(self, gpu_count: int, gpu_type: str | None) -> str | None:
         if not self.reachable:
             return f"unreachable ({self.error})" if self.error else "unreachable"
@@ -142,17 +145,14 @@ class Slot:
             return "drained (max_tasks 0)"
         if self.max_tasks is not None and self.tasks >= self.max_tasks:
             return f"{self.tasks}/{self.max_tasks} tasks"
-        free = [i for i, t in sorted(self.gpu_types.items())
-                if i not in self.used_gpus and (gpu_type is None or t.lower() == gpu_type.lower())]
+        free = self._free(gpu_type)
         if len(free) < gpu_count:
             kind = f" {gpu_type}" if gpu_type else ""
             return f"{len(free)} free{kind} GPU(s) of {gpu_count} wanted"
         return None
 
     def take(self, gpu_count: int, gpu_type: str | None) -> list[int]:
-        free = [i for i, t in sorted(self.gpu_types.items())
-                if i not in self.used_gpus and (gpu_type is None or t.lower() == gpu_type.lower())]
-        got = free[:gpu_count]
+        got = self._free(gpu_type)[:gpu_count]
         self.used_gpus.update(got)
         self.tasks += 1
         return got
@@ -182,16 +182,11 @@ def _slots(desired: DesiredState, world: ObservedWorld, settings: PlanSettings) 
     return slots
 
 
-def _candidates(slots: dict[str, Slot], placement: str, target: str | None, fleets: dict[str, Fleet]) -> list[Slot]:
+def _candidates(slots: dict[str, Slot], placement: str, target: str | None) -> list[Slot]:
     if placement == "local":
         return [slots[LOCAL]]
-    out = []
-    for s in slots.values():
-        if s.placement != "ssh":
-            continue
-        if target is None or s.fleet == target or s.name == target:
-            out.append(s)
-    return sorted(out, key=lambda s: s.name)
+    return [s for s in slots.values()
+            if s.placement == "ssh" and (target is None or s.fleet == target or s.name == target)]
 
 
 # ---------------------------------------------------------------- the plan
@@ -217,7 +212,7 @@ def make_plan(desired: DesiredState, world: ObservedWorld, previous: dict[str, R
             plan.changes.append(_stop(name, entry, prev, world))
             continue
         plan.changes.extend(_running(name, entry, prev, world, desired, slots, settings, now))
-    plan.changes.extend(_fences(plan, world, desired))
+    plan.changes.extend(_fences(plan, world))
     return plan
 
 
@@ -229,10 +224,6 @@ def _invalid(name: str, message: str, prev: RunStatus | None) -> Change:
     return Change(name, "mark_invalid", "SpecInvalid", message, "Invalid", gen, att)
 
 
-def _alive(world: ObservedWorld, name: str) -> list[ObservedRun]:
-    return [r for r in world.instances(name) if r.alive]
-
-
 def _stop(name: str, entry: RunEntry | None, prev: RunStatus | None, world: ObservedWorld) -> Change:
     why = "spec removed" if entry is None else "desiredState: Stopped"
     code = "SpecRemoved" if entry is None else "Stopped"
@@ -240,7 +231,7 @@ def _stop(name: str, entry: RunEntry | None, prev: RunStatus | None, world: Obse
     att = prev.attempt if prev else 0
     digest = entry.digest if entry else None
     path = entry.rel if entry else None
-    alive = _alive(world, name)
+    alive = [r for r in world.instances(name) if r.alive]
     if alive:
         kills = [Kill(r.machine, r.identity, r.workspace) for r in alive]
         return Change(name, "terminate", code, f"{why}: stopping {', '.join(r.identity for r in alive)}",
@@ -302,7 +293,7 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
 
     def launch(next_attempt: int, code: str, why: str, resume_from: str | None = None) -> Change:
         return _place(name, entry, desired, slots, make(name, gen, next_attempt), code, why, stale,
-                      dict(base, attempt=next_attempt), prev, resume_from)
+                      dict(base, attempt=next_attempt), resume_from)
 
     handle_ident = prev.handle.identity if prev and prev.handle else None
     if obs is None:
@@ -333,11 +324,9 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
 
     if obs.state == "running":
         if prev is None or prev.phase != "Running" or handle_ident != ident:
-            c = Change(name, "adopt", "Adopted", f"found {ident} running on {obs.machine}; adopting it", "Running",
-                       identity=ident, machine=obs.machine, workspace=obs.workspace, gpus=list(obs.gpus), kill=stale,
-                       **base)
-            c.backend = _backend(entry, desired)
-            return [c]
+            return [Change(name, "adopt", "Adopted", f"found {ident} running on {obs.machine}; adopting it", "Running",
+                           identity=ident, machine=obs.machine, backend=_backend(entry, desired), workspace=obs.workspace,
+                           gpus=list(obs.gpus), kill=stale, **base)]
         stalled = _stalled(run, obs, now)
         if stalled and run.spec.stall.action == "terminate":
             return [Change(name, "terminate", "Stalled", f"{stalled}; terminating {ident} (stall.action: terminate)",
@@ -406,7 +395,6 @@ def _after_failure(name, entry, prev, ident, obs, why, now, launch, base, policy
     if retries_used < policy.maxRetries:
         finished = _failed_at(obs, prev, lost_at)
         left = finished + policy.backoffSeconds - now
-        resume = ident if getattr(entry.run.spec.task, "resume", "never") == "auto" else None
         if left > 0:
             c = Change(name, "wait", "BackOff",
                        f"{why}; retry {retries_used + 1}/{policy.maxRetries} in {left:.0f}s", "Pending",
@@ -414,6 +402,7 @@ def _after_failure(name, entry, prev, ident, obs, why, now, launch, base, policy
             if obs is not None and not obs.collected:
                 c.action, c.machine, c.workspace = "collect", obs.machine, obs.workspace
             return [c]
+        resume = ident if getattr(entry.run.spec.task, "resume", "never") == "auto" else None
         c = launch(attempt + 1, "Relaunch", f"{why}; retry {retries_used + 1}/{policy.maxRetries}",
                    resume_from=resume)
         if obs is not None and not obs.collected and c.action == "relaunch":
@@ -435,11 +424,11 @@ def _backend(entry: RunEntry, desired: DesiredState) -> str | None:
     return t.backend_key if t else None
 
 
-def _place(name, entry, desired, slots, ident, code, why, stale, base, prev, resume_from) -> Change:
+def _place(name, entry, desired, slots, ident, code, why, stale, base, resume_from) -> Change:
     template = desired.templates[entry.run.spec.template]
     eff = effective(entry.run, template)
     res = eff.resources
-    candidates = _candidates(slots, eff.placement, eff.target, desired.fleets)
+    candidates = _candidates(slots, eff.placement, eff.target)
     action = "relaunch" if (stale or code in ("Relaunch", "SpecChanged")) else "launch"
     if not candidates:
         return Change(name, "wait", "NoMachine", f"no machine matches target {eff.target!r}", "Pending",
@@ -456,7 +445,7 @@ def _place(name, entry, desired, slots, ident, code, why, stale, base, prev, res
                   identity=ident, kill=stale, retry_after=30.0, **base)
 
 
-def _fences(plan: Plan, world: ObservedWorld, desired: DesiredState) -> list[Change]:
+def _fences(plan: Plan, world: ObservedWorld) -> list[Change]:
     """Live instances no change accounts for: an old attempt that came back, a foreign leftover."""
     covered = set()
     for c in plan.changes:

@@ -30,6 +30,7 @@ from typing import Any
 
 from . import bundle as bundles
 from .identity import parse
+from .status import iso, load_one
 
 SCHEMA = "reconciler.provenance/1"
 ENV_PACKAGES = ("torch", "ms-swift", "transformers", "peft", "trl", "accelerate", "nvidia-ml-py")
@@ -43,9 +44,7 @@ def _load_json(path: Path) -> Any:
 
 
 def _iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(ts)))
+    return None if ts is None else iso(float(ts))
 
 
 def _read_ts(path: Path) -> float | None:
@@ -273,11 +272,9 @@ def diff_text(a: dict, b: dict, name_a: str, name_b: str) -> tuple[str, bool]:
 
 def locate(cfg, name_or_identity: str) -> tuple[Path | None, str]:
     """The manifest of a run (its current attempt, from its status) or of an identity, on this host."""
-    from . import status as statuses
-
     ident = name_or_identity
     if parse(name_or_identity) is None:
-        st = statuses.load_all(cfg.repo / "status").get(name_or_identity)
+        st = load_one(cfg.repo / "status", name_or_identity)  # not every status file: just this run's
         if st is None or st.handle is None or not st.handle.identity:
             return None, f"no status with a launched instance for run {name_or_identity!r}"
         ident = st.handle.identity

@@ -11,13 +11,12 @@ and its outcome into the next status.
 from __future__ import annotations
 
 import os
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from ruamel.yaml import YAML
 
 HISTORY_LIMIT = 20
@@ -154,7 +153,7 @@ def _parse_status(path: Path, y: YAML) -> RunStatus | None:
             st = RunStatus.model_validate(data)
             if st.name == path.stem:
                 return st
-    except (OSError, ValueError, ValidationError, Exception):  # noqa: BLE001 - lenient on read
+    except Exception:  # noqa: BLE001 - lenient on read: OSError, YAML and validation errors alike
         pass
     return None
 
@@ -263,15 +262,10 @@ def same_ignoring_time(a: RunStatus | None, b: RunStatus) -> bool:
     return a.model_dump(exclude={"observed_at"}) == b.model_dump(exclude={"observed_at"})
 
 
-def now() -> float:
-    return time.time()
-
-
 # ---------------------------------------------------------------- summarize
 
 
-def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_commit: str | None,
-              machine_error: str | None = None) -> RunStatus:
+def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_commit: str | None) -> RunStatus:
     """The next status of one run, from its change, the change's outcome and what was observed.
 
     ``change`` is a plan.Change, ``outcome`` an apply.Outcome or None (nothing was done), ``obs`` the
@@ -323,7 +317,7 @@ def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_com
             record(st, change.phase, reason, now)
             st.message = reason
         elif change.action == "none":
-            st.phase = change.phase if st.phase != change.phase else st.phase
+            st.phase = change.phase
             if not st.history:
                 record(st, change.phase, change.reason, now)
                 st.message = change.reason
@@ -335,7 +329,7 @@ def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_com
         st.retry_at = iso(now + change.retry_after) if change.code == "BackOff" and change.retry_after else None
         if st.handle is not None and obs is not None and obs.pid and st.handle.identity == obs.identity:
             st.handle.pid = st.handle.pid or obs.pid
-        _conditions(st, change, now, machine_error)
+        _conditions(st, change, now)
     if outcome is not None and outcome.ok and outcome.manifest is not None:
         arts = outcome.manifest.get("artifacts", [])
         st.artifacts = [{"path": a["path"], "size": a["size"]} for a in arts[:30]]
@@ -363,7 +357,7 @@ def _refresh(prev: RunStatus, change, obs, now: float) -> RunStatus:
     """A steady run's status: only progress and the Stalled condition can move. Returns ``prev``
     itself when nothing did, so the common case costs no copy and no comparison."""
     progress = obs.progress if obs is not None and obs.progress else None
-    stalled = getattr(change, "stalled", None)
+    stalled = change.stalled
     cur = prev.condition("Stalled")
     stall_moves = (stalled and (cur is None or cur.status != "True" or cur.message != stalled)) or (
         not stalled and cur is not None and cur.status == "True" and change.phase == "Running")
@@ -382,7 +376,7 @@ def _refresh(prev: RunStatus, change, obs, now: float) -> RunStatus:
     return st
 
 
-def _conditions(st: RunStatus, change, now: float, machine_error: str | None) -> None:
+def _conditions(st: RunStatus, change, now: float) -> None:
     code = change.code
     if change.phase == "Invalid":
         set_condition(st, "SpecValid", "False", "ValidationFailed", change.reason, now)
@@ -401,12 +395,10 @@ def _conditions(st: RunStatus, change, now: float, machine_error: str | None) ->
         set_condition(st, "Ready", "True", "Running", "", now)
     elif phase == "Succeeded":
         set_condition(st, "Ready", "False", "Succeeded", "", now)
-    elif phase in ("Failed", "Terminated"):
-        set_condition(st, "Ready", "False", code, change.reason, now)
-    elif phase == "Pending":
+    elif phase in ("Failed", "Terminated", "Pending"):
         set_condition(st, "Ready", "False", code, change.reason, now)
     # spec.stall: the planner says whether a running instance made no progress; the condition lives here.
-    stalled = getattr(change, "stalled", None)
+    stalled = change.stalled
     if stalled:
         set_condition(st, "Stalled", "True", "NoProgress", stalled, now)
     elif phase == "Running" and st.condition("Stalled") is not None and change.identity == (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -77,7 +78,7 @@ def reconciler(root: Path, ws_root: Path, **flags) -> Reconciler:
 
 
 def status_of(root: Path, name: str) -> statuses.RunStatus | None:
-    return statuses.load_all(root / "status").get(name)
+    return statuses.load_one(root / "status", name)
 
 
 def wait_for(cond, timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):
@@ -107,14 +108,16 @@ def workspace(ws_root: Path, identity: str) -> Path:
 
 
 def result_of(ws_root: Path, identity: str) -> dict | None:
-    import json
-
     p = workspace(ws_root, identity) / "runtime" / "result.json"
     return json.loads(p.read_text()) if p.exists() else None
 
 
-def pgid_of(ws_root: Path, identity: str) -> int:
-    return int((workspace(ws_root, identity) / "runtime" / "pid").read_text())
+def pgid_of(ws_root: Path, identity: str) -> int | None:
+    """The process group the wrapper recorded, or None while it has not written it yet."""
+    try:
+        return int((workspace(ws_root, identity) / "runtime" / "pid").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _live_processes():

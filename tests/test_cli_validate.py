@@ -3,46 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-
-TEMPLATE = """\
-apiVersion: reconciler/v1
-kind: ExecutionTemplate
-id: local-host
-placement:
-  kind: local
-launch_mode:
-  kind: host_process
-"""
-
-
-def run_text(name: str, template: str = "local-host") -> str:
-    return (f"apiVersion: reconciler/v1\nkind: Run\nmetadata:\n  name: {name}\nspec:\n  template: {template}\n"
-            "  task:\n    type: command\n    argv: [echo, hi]\n")
-
-
-def reconcile(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    r = subprocess.run([sys.executable, "-m", "reconciler", *args], capture_output=True, text=True, cwd=cwd,
-                       env=env, timeout=60)
-    assert "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
-    return r
-
-
-def write(root: Path, rel: str, text: str) -> Path:
-    p = root / rel
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(text)
-    return p
-
+from tests.spec.helpers import REPO, TEMPLATE, reconcile, run_text, write
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
@@ -206,3 +172,34 @@ def test_json_format(repo: Path) -> None:
 def test_schema_check_on_a_missing_directory_is_exit_2(tmp_path: Path) -> None:
     r = reconcile("schema", "--check", "--repo", str(tmp_path / "nope"), cwd=tmp_path)
     assert r.returncode == 2 and "no such directory" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_folder_path_finds_files_as_the_whole_repository_does(repo: Path) -> None:
+    """Hidden files and folders named *.yaml are skipped, whether the folder is a PATH or the repository."""
+    (repo / "specs" / "runs" / "folder.yaml").mkdir()
+    write(repo, "specs/runs/.draft.yaml", "kind: [\n")
+    write(repo, "specs/runs/.hidden/x.yaml", "kind: [\n")
+    r = reconcile("validate", "specs/runs", cwd=repo)
+    assert r.returncode == 1
+    assert r.stdout.splitlines()[-1] == "1 error(s) in 1 file(s); 2 file(s) checked", r.stdout
+
+
+# ---------------------------------------------------------------- I/O errors: a message and exit 2
+
+
+def test_schema_into_an_unwritable_place_is_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "schemas").write_text("a file where the folder should be\n")
+    r = reconcile("schema", "--repo", str(tmp_path), cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith(f"reconcile: {tmp_path / 'schemas'}: ")
+
+
+def test_schema_check_on_an_unreadable_schema_is_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "schemas" / "run.schema.json").mkdir(parents=True)
+    r = reconcile("schema", "--check", "--repo", str(tmp_path), cwd=tmp_path)
+    assert r.returncode == 2 and "run.schema.json: Is a directory" in r.stderr
+
+
+def test_status_table_of_a_handle_without_a_machine(repo: Path) -> None:
+    write(repo, "status/good.yaml", "name: good\nphase: Running\nhandle:\n  backend: local_host_process\n")
+    r = reconcile("status", "--repo", str(repo), cwd=repo)
+    assert r.returncode == 0 and r.stdout.splitlines()[1].split()[:4] == ["good", "Running", "0/0", "-"]

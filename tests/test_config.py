@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from reconciler import config as configs
@@ -33,3 +35,9 @@ def test_webhook_secret_is_redacted(tmp_path, monkeypatch):
     cfg = configs.load(str(tmp_path))
     assert cfg.webhook_secret == "s3cret-value"
     assert cfg.redacted()["webhook_secret"] == "***" and "s3cret-value" not in str(cfg.redacted())
+
+
+@pytest.mark.skipif(not Path("/proc/self/mem").is_file(), reason="needs a file that cannot be read (/proc/self/mem)")
+def test_unreadable_file_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match=r"^/proc/self/mem: cannot read: "):
+        configs.load(str(tmp_path), "/proc/self/mem")

@@ -11,9 +11,9 @@ from typing import Any, Iterator
 import pytest
 from jsonschema import validators
 
-from reconciler.spec.yamlsafe import decode, fast_load
+# read_yaml reads YAML 1.2, as GitHub does: `on:` is the string "on", not the boolean YAML 1.1 makes of it.
+from tests.spec.helpers import REPO, read_yaml
 
-REPO = Path(__file__).resolve().parents[1]
 WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.y*ml"))
 PINNED = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_./-]+@(?:[0-9a-f]{40}|v\d+\.\d+\.\d+)$")
 
@@ -24,11 +24,6 @@ def workflow_schema() -> dict:
     path = next((p for name in ("github-workflows.json", "github-workflow.json") if (p := vendor / name).is_file()), None)
     assert path is not None, f"no GitHub workflow schema under {vendor}"
     return json.loads(path.read_text(encoding="utf-8"))
-
-
-def load(path: Path) -> dict:
-    # YAML 1.2, as GitHub reads it: `on:` is the string "on", not the boolean YAML 1.1 makes of it.
-    return fast_load(decode(path.read_bytes()))
 
 
 def uses(node: Any) -> Iterator[str]:
@@ -52,7 +47,7 @@ def test_workflow_matches_the_schema(path: Path) -> None:
     schema = workflow_schema()
     cls = validators.validator_for(schema)
     cls.check_schema(schema)
-    doc = load(path)
+    doc = read_yaml(path)
     assert "on" in doc and True not in doc
     errors = sorted(cls(schema).iter_errors(doc), key=lambda e: list(e.absolute_path))
     assert errors == [], [f"{list(e.absolute_path)}: {e.message}" for e in errors]
@@ -61,14 +56,14 @@ def test_workflow_matches_the_schema(path: Path) -> None:
 def test_the_schema_catches_a_broken_workflow() -> None:
     schema = workflow_schema()
     cls = validators.validator_for(schema)
-    doc = load(REPO / ".github" / "workflows" / "tests.yml")
+    doc = read_yaml(REPO / ".github" / "workflows" / "tests.yml")
     doc["jobs"]["tests"]["stepz"] = doc["jobs"]["tests"].pop("steps")
     assert not cls(schema).is_valid(doc)
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
 def test_every_action_is_pinned(path: Path) -> None:
-    refs = list(uses(load(path)))
+    refs = list(uses(read_yaml(path)))
     assert refs, "no actions used?"
     for ref in refs:
         if ref.startswith(("./", "docker://")):
@@ -97,7 +92,7 @@ def test_pin_rule(ref: str, ok: bool) -> None:
 
 
 def test_validate_workflow_runs_what_the_design_says() -> None:
-    doc = load(REPO / ".github" / "workflows" / "validate.yml")
+    doc = read_yaml(REPO / ".github" / "workflows" / "validate.yml")
     assert set(doc["on"]) == {"pull_request"}
     assert set(doc["on"]["pull_request"]["paths"]) == {"specs/**", "execution_templates/**", "schemas/**"}
     steps = [s for job in doc["jobs"].values() for s in job["steps"]]
@@ -110,7 +105,7 @@ def test_validate_workflow_runs_what_the_design_says() -> None:
 
 
 def test_tests_workflow_runs_ci_run() -> None:
-    doc = load(REPO / ".github" / "workflows" / "tests.yml")
+    doc = read_yaml(REPO / ".github" / "workflows" / "tests.yml")
     assert set(doc["on"]) == {"push", "pull_request"}
     runs = [s.get("run", "") for job in doc["jobs"].values() for s in job["steps"]]
     # GitHub's runner is not root; .ci/run needs root for sshd, dockerd and the test user.

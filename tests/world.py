@@ -21,6 +21,7 @@ import yaml
 
 from reconciler import config
 from reconciler.loop import PassResult, Reconciler
+from reconciler.runtime.probe import group_alive
 from reconciler.status import RunStatus, load_all
 
 TEMPLATES = {
@@ -143,6 +144,12 @@ class World:
         raise AssertionError(f"{name}: condition not reached in {timeout}s; last status:\n"
                              + (json.dumps(last.model_dump(mode="json"), indent=1) if last else "none"))
 
+    def __enter__(self) -> "World":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.cleanup()
+
     def cleanup(self) -> None:
         """End every process group a workspace of this world records, and remove remote roots."""
         roots = [Path(r) / "test" for r in self.roots] + [self.local_root / "test"]
@@ -171,31 +178,6 @@ def kill_group(pid_file: Path, sig: int = signal.SIGKILL) -> bool:
     return True
 
 
-def group_pids(pgid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        rest = stat[stat.rfind(")") + 2:].split()
-        if len(rest) > 2 and rest[0] not in ("Z", "X") and int(rest[2]) == pgid:
-            out.append(int(entry))
-    return out
-
-
-def group_alive(pgid: int, identity: str) -> bool:
-    for pid in group_pids(pgid):
-        try:
-            if identity.encode() in Path(f"/proc/{pid}/cmdline").read_bytes() + Path(f"/proc/{pid}/environ").read_bytes():
-                return True
-        except OSError:
-            continue
-    return False
-
-
 def alive_instances(root: Path, name: str) -> list[str]:
     """Identities of ``name`` whose process group is alive under a workspace root (checked on the machine)."""
     out = []
@@ -208,13 +190,3 @@ def alive_instances(root: Path, name: str) -> list[str]:
         if group_alive(pgid, ident):
             out.append(ident)
     return out
-
-
-def wait_until(pred: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

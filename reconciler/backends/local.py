@@ -15,9 +15,6 @@ from pathlib import Path
 from ..runtime import probe as agent_module
 from .base import Completed, MachineInfo
 
-LOCAL_MACHINE = "local"
-
-
 class LocalTransport:
     def __init__(self, machine: MachineInfo):
         self.machine = machine

@@ -44,7 +44,7 @@ import paramiko
 from .. import bundle as bundles
 from ..errors import PermanentError, TemporaryError
 from ..runtime import probe as agent_module
-from .base import Completed, MachineInfo
+from .base import Completed, MachineInfo, docker_prefix
 
 # argv words beyond this size are embedded into the agent program instead (MAX_ARG_STRLEN is 128 KiB).
 ARGV_LIMIT = 64 * 1024
@@ -121,8 +121,7 @@ class SshTransport:
     # ------------------------------------------------------------------ connection
 
     def _host_keys_note(self) -> str:
-        src = self.machine.source or "its Fleet"
-        return src
+        return self.machine.source or "its Fleet"
 
     def _connect(self) -> paramiko.SSHClient:
         with self._lock:
@@ -245,9 +244,6 @@ class SshTransport:
         finally:
             chan.close()
 
-    def _env(self) -> str:
-        return f"DOCKER_HOST={shlex.quote(self.machine.docker_host)} " if self.machine.docker_host else ""
-
     def sh(self, script: str, timeout: float = 60.0) -> Completed:
         prefix = f"export DOCKER_HOST={shlex.quote(self.machine.docker_host)}\n" if self.machine.docker_host else ""
         rc, out, err = self._exec("sh -c " + shlex.quote(prefix + script), None, timeout)
@@ -257,7 +253,7 @@ class SshTransport:
         if args.get("op") == "probe":
             args = dict(args, root=self._root or self.machine.workspace_root)
         program, argv = agent_program(args)
-        command = self._env() + "python3 - " + " ".join(shlex.quote(a) for a in argv)
+        command = docker_prefix(self.machine) + "python3 - " + " ".join(shlex.quote(a) for a in argv)
         rc, out, err = self._exec(command, program.encode(), self.command_timeout)
         if rc != 0:
             tail = err.decode("utf-8", "replace").strip()[-300:]

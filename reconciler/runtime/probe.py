@@ -35,7 +35,7 @@ def _read(path, limit=65536):
 
 
 def _process_groups():
-    """pgid → list of (pid, environ-mentions) for live (non-zombie) processes we may look at."""
+    """pgid → pids of its live (non-zombie) processes, from one scan of /proc."""
     groups = {}
     try:
         entries = os.listdir("/proc")
@@ -67,8 +67,10 @@ def _mentions(pid, identity):
     return False
 
 
-def _group_alive(groups, pgid, identity):
-    members = groups.get(pgid) or []
+def group_alive(pgid, identity, groups=None):
+    """Whether process group ``pgid`` has a live member carrying ``identity`` (in its argv or
+    environment), so a recycled pgid never counts. ``groups``: a scan to reuse (one per probe)."""
+    members = (_process_groups() if groups is None else groups).get(pgid) or []
     return any(_mentions(pid, identity) for pid in members)
 
 
@@ -262,7 +264,7 @@ def probe(root, names=None, now=None):
                 run["pid"] = int(pid_text.strip())
                 if groups is None:
                     groups = _process_groups()
-                run["state"] = "running" if _group_alive(groups, run["pid"], entry) else "lost"
+                run["state"] = "running" if group_alive(run["pid"], entry, groups) else "lost"
             else:
                 launched = _read(os.path.join(rt, "launched_at"))
                 # Launched moments ago and the wrapper has not written its pid yet: still starting.
@@ -274,11 +276,9 @@ def probe(root, names=None, now=None):
             reason = _precheck_failure(ws)
             if reason:
                 run["message"], run["permanent"] = "precheck failed: " + reason, True
-        if m.group("name") in names and run.get("state") in ("succeeded", "failed") and not run["collected"]:
-            prog = _progress(ws)
-            if prog:
-                run["progress"] = prog
-        elif m.group("name") in names and run.get("state") in ("running", None):
+        state = run.get("state")
+        if m.group("name") in names and (state in ("running", None)
+                                         or state in ("succeeded", "failed") and not run["collected"]):
             prog = _progress(ws)
             if prog:
                 run["progress"] = prog
@@ -332,27 +332,29 @@ def terminate(ws, identity, grace=10.0):
         pid_text = _read(os.path.join(rt, "pid"))
         if pid_text and pid_text.strip().isdigit():
             pgid = int(pid_text.strip())
-            if _group_alive(_process_groups(), pgid, identity):
+            if group_alive(pgid, identity):
                 out["was_alive"] = True
                 if not _signal(pgid, 15):
                     out["error"] = f"not permitted to signal process group {pgid}"
                     return out
-                deadline = time.time() + grace
-                while time.time() < deadline and _group_alive(_process_groups(), pgid, identity):
-                    time.sleep(0.05)
-                if _group_alive(_process_groups(), pgid, identity):
+                if not _gone_within(pgid, identity, grace):
                     _signal(pgid, 9)
                     out["killed"] = True
-                    deadline = time.time() + 5
-                    while time.time() < deadline and _group_alive(_process_groups(), pgid, identity):
-                        time.sleep(0.05)
+                    _gone_within(pgid, identity, 5)
     if os.path.isdir(ws) and not os.path.exists(os.path.join(rt, "result.json")):
         _write_result(ws, "terminated", 137 if out.get("killed") else 143, "terminated by the reconciler")
-    try:
-        os.remove(os.path.join(rt, "secrets.env"))
-    except OSError:
-        pass
+    _drop_secrets(rt)
     return out
+
+
+def _gone_within(pgid, identity, seconds):
+    """Poll until the group no longer carries ``identity``; whether it went within ``seconds``."""
+    deadline = time.time() + seconds
+    while group_alive(pgid, identity):
+        if time.time() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def _signal(pgid, sig):
@@ -366,6 +368,13 @@ def _signal(pgid, sig):
     return True
 
 
+def _drop_secrets(rt):
+    try:
+        os.remove(os.path.join(rt, "secrets.env"))
+    except OSError:
+        pass
+
+
 def finish(ws, remove=False):
     """After collection: forget the container, mark the workspace collected (or remove it)."""
     ws = os.path.expanduser(ws)
@@ -373,10 +382,7 @@ def finish(ws, remove=False):
     container = _read(os.path.join(rt, "container"))
     if container:
         subprocess.run(["docker", "rm", "-f", container.strip()], capture_output=True, timeout=60)
-    try:
-        os.remove(os.path.join(rt, "secrets.env"))
-    except OSError:
-        pass
+    _drop_secrets(rt)
     if remove:
         import shutil
 

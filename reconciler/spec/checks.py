@@ -39,10 +39,11 @@ def _generic(loc: tuple) -> tuple:
     return tuple("*" if isinstance(p, int) else p for p in loc)
 
 
-# A cheap look at the raw text decides whether the walk below is needed at all.
+# A cheap look at the raw text decides whether the walk below is needed at all. Key names are
+# matched in any case (as SECRET_KEY is); credential prefixes in their case (as CREDENTIAL is), so
+# that naming a secret (``secrets: [HF_TOKEN]``) does not look like holding one.
 MAYBE_SECRET = re.compile(
-    r"(?:token|key|secret|passw(?:or)?d|apikey|credentials?)[\"']?\s*:|hf_|sk-|gh[pousr]_|github_pat_|AKIA|xox|glpat-",
-    re.IGNORECASE,
+    r"(?i:token|key|secret|passw(?:or)?d|apikey|credentials?)[\"']?\s*:|hf_|sk-|gh[pousr]_|github_pat_|AKIA|xox|glpat-"
 )
 
 
@@ -71,7 +72,7 @@ def cross_checks(root: Path, files: list, locator) -> dict[str, list[Diagnostic]
     def add(f, loc: tuple, message: str) -> None:
         out[f.rel].append(locator.diag(f, loc, message))
 
-    runs = [f for f in files if isinstance(f.obj, Run) and not f.diags]
+    runs = [f for f in files if f.ok and isinstance(f.obj, Run)]
     templates_all = {}
     template_files = [f for f in files if f.kind == "ExecutionTemplate"]
     # Files whose name matches their id first: when an id is defined twice, the misnamed copy is at fault.
@@ -150,14 +151,14 @@ def _check_resources_machine(f, i: int, m, add) -> None:
         add(f, ("spec", "machines", i, "resources", "gpus"), "a GPU type is listed twice; add the counts")
 
 
-def _check_run(root: Path, f, templates: dict, add, invalid_templates: set[str] = frozenset()) -> None:
+def _check_run(root: Path, f, templates: dict, add, invalid_templates: set[str]) -> None:
     run: Run = f.obj
     spec = run.spec
     tf = templates.get(spec.template)
     if tf is None:
         hint = f" (known: {', '.join(sorted(templates)[:8])})" if templates else " (execution_templates/ is empty)"
         add(f, ("spec", "template"), f"template '{spec.template}' not found{hint}")
-    elif tf.obj is None or tf.diags or tf.rel in invalid_templates:
+    elif not tf.ok or tf.rel in invalid_templates:
         add(f, ("spec", "template"), f"template '{spec.template}' is invalid (see {tf.rel})")
     else:
         template: ExecutionTemplate = tf.obj
@@ -208,7 +209,8 @@ def input_problem(root: Path, item: str) -> str | None:
         real = full.resolve(strict=True)
     except (OSError, RuntimeError):
         return f"input '{item}' is a broken or looping symlink"
-    if not real.is_relative_to(root.resolve()):
+    real_root = root.resolve()
+    if not real.is_relative_to(real_root):
         return f"input '{item}' is a symlink that escapes the repository"
     if real.is_dir():
         for dirpath, dirnames, filenames in os.walk(full):
@@ -216,7 +218,7 @@ def input_problem(root: Path, item: str) -> str | None:
                 child = Path(dirpath) / name
                 if child.is_symlink():
                     target = child.resolve()
-                    if not target.is_relative_to(root.resolve()):
+                    if not target.is_relative_to(real_root):
                         return f"input '{item}' contains a symlink that escapes the repository: {child.relative_to(root)}"
     return None
 
@@ -239,7 +241,8 @@ def _check_staged_paths(root: Path, f, add) -> None:
         for i, item in enumerate(spec.inputs):
             if item == code_dir or item.startswith(code_dir + "/") or code_dir.startswith(item + "/"):
                 add(f, ("spec", "code", "path"), f"code.path '{code_dir}' overlaps input '{item}' (both go under inputs/)")
-    for loc, value in bundle_paths(task):
+    named = bundle_paths(task)
+    for loc, value in named:
         rel = value[len("inputs/"):].rstrip("/")
         covering = [i for i in spec.inputs if rel == i.rstrip("/") or rel.startswith(i.rstrip("/") + "/")]
         if code_dir is not None and (rel == code_dir or rel.startswith(code_dir + "/")):
@@ -251,7 +254,7 @@ def _check_staged_paths(root: Path, f, add) -> None:
         elif not os.path.lexists(root / rel):
             add(f, ("spec", "task") + loc, f"'{value}': '{rel}' does not exist in the repository "
                                            f"(input '{covering[0]}' does not hold it)")
-    staged = {loc for loc, _ in bundle_paths(task)}
+    staged = {loc for loc, _ in named}
     for key in ("dataset", "val_dataset"):
         for i, value in enumerate(getattr(task, key, []) or []):
             path = value.split("#", 1)[0]

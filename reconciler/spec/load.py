@@ -8,7 +8,9 @@ reconcile pass where nothing changed reads the tree and hashes it but parses not
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -48,18 +50,22 @@ class Locator:
     def __init__(self) -> None:
         self._docs: dict[Path, yamlsafe.Located | None] = {}
 
-    def at(self, f: SpecFile, loc: tuple) -> tuple[int, int]:
+    def remember(self, path: Path, doc: yamlsafe.Located) -> None:
+        """Keep a document the loader already read on the located path."""
+        self._docs[path] = doc
+
+    def _doc(self, f: SpecFile) -> yamlsafe.Located | None:
         if f.path not in self._docs:
             try:
                 self._docs[f.path] = yamlsafe.located_load(yamlsafe.decode(f.path.read_bytes()))
             except (OSError, yamlsafe.YamlProblem):
                 self._docs[f.path] = None
-        doc = self._docs[f.path]
-        return doc.locate(loc) if doc else (1, 1)
+        return self._docs[f.path]
 
     def diag(self, f: SpecFile, loc: tuple, message: str) -> Diagnostic:
-        line, col = self.at(f, loc)
-        field_path = dotted(loc, self._docs.get(f.path).data if self._docs.get(f.path) else None)
+        doc = self._doc(f)
+        line, col = doc.locate(loc) if doc else (1, 1)
+        field_path = dotted(loc, doc.data if doc else None)
         return Diagnostic(f.rel, line, col, f"{field_path}: {message}" if field_path else message)
 
 
@@ -128,13 +134,9 @@ def _error_loc(err: dict[str, Any], model: type[BaseModel]) -> tuple:
     return loc
 
 
-_KEYS_CACHE: dict[type, list[str]] = {}
-
-
+@functools.cache
 def _known_keys(model: type[BaseModel]) -> list[str]:
     """Every field name in the model tree, for 'did you mean' hints."""
-    if model in _KEYS_CACHE:
-        return _KEYS_CACHE[model]
     names: set[str] = set()
 
     def walk(m: Any, seen: set) -> None:
@@ -147,8 +149,7 @@ def _known_keys(model: type[BaseModel]) -> list[str]:
                 walk(t, seen)
 
     walk(model, set())
-    _KEYS_CACHE[model] = sorted(names)
-    return _KEYS_CACHE[model]
+    return sorted(names)
 
 
 def _types_in(annotation: Any) -> list[Any]:
@@ -164,20 +165,16 @@ def _types_in(annotation: Any) -> list[Any]:
 # ---------------------------------------------------------------- one file
 
 
-def _cache_key(sha: str, rel: str) -> str:
-    return f"{rel}\0{sha}"
-
-
 class SpecCache:
     """Parsed files by (path, content hash): unchanged files are never parsed twice in a process."""
 
     def __init__(self, limit: int = 50_000) -> None:
-        self._items: dict[str, SpecFile] = {}
+        self._items: dict[tuple[str, str], SpecFile] = {}
         self.limit = limit
         self.hits = 0
 
     def get(self, rel: str, sha: str) -> SpecFile | None:
-        f = self._items.get(_cache_key(sha, rel))
+        f = self._items.get((rel, sha))
         if f is not None:
             self.hits += 1
         return f
@@ -185,7 +182,7 @@ class SpecCache:
     def put(self, f: SpecFile) -> None:
         if len(self._items) >= self.limit:
             self._items.clear()
-        self._items[_cache_key(f.sha, f.rel)] = f
+        self._items[(f.rel, f.sha)] = f
 
 
 def load_file(path: Path, root: Path | None, locator: Locator, cache: SpecCache | None = None,
@@ -222,7 +219,7 @@ def _parse_into(f: SpecFile, raw: bytes, locator: Locator, expect_kind: str | No
         except yamlsafe.YamlProblem as p:
             f.diags.append(Diagnostic(f.rel, p.line, p.col, p.message))
             return
-        locator._docs[f.path] = located
+        locator.remember(f.path, located)
         data = located.data
         fast = False
     if not isinstance(data, dict):
@@ -257,19 +254,23 @@ def _parse_into(f: SpecFile, raw: bytes, locator: Locator, expect_kind: str | No
 # ---------------------------------------------------------------- the tree
 
 
+def is_spec_repo(root: Path) -> bool:
+    return any((root / top).is_dir() for top in SPEC_DIRS)
+
+
+def yaml_files(base: Path) -> list[Path]:
+    """The *.yaml and *.yml files under a folder, hidden ones left out, in a stable order."""
+    out: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(base):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        out.extend(Path(dirpath) / name for name in sorted(filenames)
+                   if name.endswith((".yaml", ".yml")) and not name.startswith("."))
+    return out
+
+
 def discover(root: Path) -> list[tuple[Path, str | None]]:
     """All spec files under specs/ and execution_templates/, in a stable order."""
-    out: list[tuple[Path, str | None]] = []
-    for top, expect in (("specs", None), ("execution_templates", "ExecutionTemplate")):
-        base = root / top
-        if not base.is_dir():
-            continue
-        for dirpath, dirnames, filenames in os.walk(base):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            for name in sorted(filenames):
-                if name.endswith((".yaml", ".yml")) and not name.startswith("."):
-                    out.append((Path(dirpath) / name, expect))
-    return out
+    return [(p, expect) for top, expect in zip(SPEC_DIRS, (None, "ExecutionTemplate")) for p in yaml_files(root / top)]
 
 
 @dataclass
@@ -292,8 +293,6 @@ class DesiredState:
 
 
 def run_digest(run: Run) -> str:
-    import json
-
     body = json.dumps(run.spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
 
@@ -312,16 +311,12 @@ def load_tree(root: Path, cache: SpecCache | None = None, only: set[Path] | None
                 files.append(load_file(p, root, locator, cache, None))
     desired = DesiredState(files=files)
     cross = cross_checks(root, files, locator)
-    bad_paths: set[str] = set()
     for f in files:
-        for d in f.diags + cross.get(f.rel, []):
-            desired.diagnostics.append(d)
-            bad_paths.add(f.rel)
-    for f in files:
-        if f.rel in bad_paths or f.obj is None:
+        diags = f.diags + cross.get(f.rel, [])
+        desired.diagnostics.extend(diags)
+        if diags or f.obj is None:
             if f.kind in (None, "Run") and f.rel.startswith("specs" + os.sep) and f.name_hint:
-                first = next((d for d in desired.diagnostics if d.path == f.rel), None)
-                desired.invalid.setdefault(f.name_hint, first.text() if first else "invalid")
+                desired.invalid.setdefault(f.name_hint, diags[0].text() if diags else "invalid")
             continue
         if isinstance(f.obj, Run):
             desired.runs[f.obj.metadata.name] = RunEntry(f.obj, f.rel, run_digest(f.obj))

@@ -19,13 +19,12 @@ ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 SHA1_HEX = re.compile(r"^[0-9a-f]{40}$")
 
 OVERRIDABLE = ("target", "resources", "runtime_env", "image", "detach")
+# ms-swift arguments the reconciler sets itself (artifacts location and resume); never in args.
+SWIFT_MANAGED = ("output_dir", "add_version", "resume_from_checkpoint")
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=False)
-
-
-Scalar = Union[str, int, float, bool, None]
 
 
 class Metadata(Strict):
@@ -148,7 +147,7 @@ class SwiftCommon(Strict):
                 raise ValueError("'train_type' was renamed to 'tuner_type' in ms-swift 4; use the typed field tuner_type")
             if key in cls.model_fields:
                 raise ValueError(f"'{key}' is a typed field; set it outside args")
-            if key in ("output_dir", "resume_from_checkpoint", "add_version"):
+            if key in SWIFT_MANAGED:
                 raise ValueError(f"'{key}' is managed by the reconciler (artifacts and resume)")
             if not _is_plain(value):
                 raise ValueError(f"'{key}' is not a scalar, a list or a map of scalars; only those are passed through")

@@ -29,24 +29,22 @@ def generate() -> dict[str, str]:
     return out
 
 
+def _stale(directory: Path) -> dict[str, str]:
+    """File name → schema text, for the files that are missing or differ from what the models generate."""
+    return {name: text for name, text in generate().items()
+            if not (path := directory / name).exists() or path.read_text(encoding="utf-8") != text}
+
+
 def write(directory: Path) -> list[str]:
     directory.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, text in generate().items():
-        path = directory / name
-        if not path.exists() or path.read_text(encoding="utf-8") != text:
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(text, encoding="utf-8")
-            tmp.replace(path)
-            written.append(name)
-    return written
+    stale = _stale(directory)
+    for name, text in stale.items():
+        tmp = (directory / name).with_suffix(".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(directory / name)
+    return list(stale)
 
 
 def drift(directory: Path) -> list[str]:
     """Names of schema files that are missing or differ from what the models generate."""
-    bad = []
-    for name, text in generate().items():
-        path = directory / name
-        if not path.exists() or path.read_text(encoding="utf-8") != text:
-            bad.append(name)
-    return bad
+    return list(_stale(directory))

@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import Callable
 
 
+NOTE = "# Rendered by the reconciler from the run's task; do not edit."
+
+
 @dataclass
 class RenderContext:
     identity: str

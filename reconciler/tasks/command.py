@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from . import RenderContext, Rendered, quote_argv, register
+from . import NOTE, RenderContext, Rendered, quote_argv, register
 
-HEADER = "#!/bin/sh\n# Rendered by the reconciler from the run's task; do not edit.\nset -e\n"
+HEADER = f"#!/bin/sh\n{NOTE}\nset -e\n"
 
 
 @register("command")

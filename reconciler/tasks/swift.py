@@ -30,7 +30,7 @@ import json
 import shlex
 from pathlib import PurePosixPath
 
-from . import RenderContext, Rendered, register
+from . import NOTE, RenderContext, Rendered, register
 
 OUTPUT_DIR = "artifacts/output"
 CONFIG_PATH = "scripts/swift-config.yaml"
@@ -42,7 +42,6 @@ EXIT_PRECHECK = 3  # precheck.py's EXIT_MISMATCH
 DEFAULTS = {"check_model": False, "report_to": "none"}
 # Task fields that are the reconciler's, not ms-swift arguments.
 TYPED_SKIP = {"type", "args", "resume", "requires"}
-MANAGED = ("output_dir", "add_version", "resume_from_checkpoint")
 
 
 def swift_config(task, ctx: RenderContext) -> dict:
@@ -66,7 +65,7 @@ def _yaml_scalar(v) -> str:
 
 
 def config_text(cfg: dict) -> str:
-    lines = ["# Rendered by the reconciler from the run's task; do not edit."]
+    lines = [NOTE]
     lines += [f"{k}: {_yaml_scalar(v)}" for k, v in cfg.items()]
     return "\n".join(lines) + "\n"
 
@@ -102,7 +101,7 @@ def fork_pythonpath(task, ctx: RenderContext) -> str | None:
 def entrypoint(verb: str, pythonpath: str | None = None) -> str:
     lines = [
         "#!/bin/sh",
-        "# Rendered by the reconciler from the run's task; do not edit.",
+        NOTE,
         'cd "$RECONCILER_BUNDLE" || exit 111',
         'PY="${RECONCILER_PYTHON:-python3}"',
         'if ! command -v "$PY" >/dev/null 2>&1; then',

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.world import World, fleet, machine, run_spec, wait_until
+from tests.repo_helpers import wait_for
+from tests.world import World, fleet, machine, run_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -23,15 +24,14 @@ def cli(world: World, *args: str, **kw) -> subprocess.Popen:
 
 
 def test_logs_follow_on_ssh_then_collected(tmp_path, sshd):
-    w = World(tmp_path, [fleet([machine(sshd)])])
-    try:
+    with World(tmp_path, [fleet([machine(sshd)])]) as w:
         w.add_run(run_spec("chatty", "ssh-host", ["sh", "-c", "echo first; echo oops >&2; "
                                                   "while [ ! -e go ]; do sleep 0.05; done; "
                                                   "for i in 1 2 3; do echo line $i; sleep 0.1; done; printf tail"]))
         st = w.until("chatty", lambda s: s.phase == "Running")
         ws = Path(st.handle.workspace)
-        wait_until(lambda: (ws / "artifacts" / "stdout.log").exists() and
-                   (ws / "artifacts" / "stdout.log").read_text() == "first\n", what="first line")
+        wait_for(lambda: (ws / "artifacts" / "stdout.log").exists() and
+                 (ws / "artifacts" / "stdout.log").read_text() == "first\n", timeout=10, what="first line")
         follower = cli(w, "chatty", "--follow", "--stream", "stdout")
         ready, _, _ = select.select([follower.stdout], [], [], 20)
         assert ready and follower.stdout.readline() == "first\n"  # printed, now polling
@@ -47,5 +47,3 @@ def test_logs_follow_on_ssh_then_collected(tmp_path, sshd):
         out, err = p.communicate(timeout=30)
         assert p.returncode == 0, err
         assert out == "line 3\ntail\noops\n"
-    finally:
-        w.cleanup()

@@ -36,10 +36,9 @@ def files_under(root: Path):
 def test_canary_secret_goes_nowhere_but_the_job(tmp_path, sshd, dockerd, template):
     canary = "canary-" + os.urandom(12).hex()
     remote = machine(sshd, docker_host=dockerd.host)
-    w = World(tmp_path, [fleet([remote])])
-    env = dict(os.environ, CANARY=canary, RECONCILER_WORKSPACE_ROOT=str(w.local_root), RECONCILER_NAMESPACE="test",
-               RECONCILER_PUSH="false", RECONCILER_REMOTE_CLEANUP="never")
-    try:
+    with World(tmp_path, [fleet([remote])]) as w:
+        env = dict(os.environ, CANARY=canary, RECONCILER_WORKSPACE_ROOT=str(w.local_root), RECONCILER_NAMESPACE="test",
+                   RECONCILER_PUSH="false", RECONCILER_REMOTE_CLEANUP="never")
         w.add_run(run_spec("sekret", template, JOB, secrets=["CANARY"]))
         output = []
         deadline = time.monotonic() + 60
@@ -75,5 +74,3 @@ def test_canary_secret_goes_nowhere_but_the_job(tmp_path, sshd, dockerd, templat
         for p in files_under(ws):
             assert needle not in p.read_bytes(), p
         assert "CANARY" in (local / "job.json").read_text()  # the name, never the value
-    finally:
-        w.cleanup()

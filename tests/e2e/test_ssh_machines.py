@@ -17,9 +17,8 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture
 def world(tmp_path, sshd):
-    w = World(tmp_path, [fleet([machine(sshd)])])
-    yield w
-    w.cleanup()
+    with World(tmp_path, [fleet([machine(sshd)])]) as w:
+        yield w
 
 
 def test_runs_to_succeeded_on_the_ssh_host(world, sshd):
@@ -36,8 +35,7 @@ def test_runs_to_succeeded_on_the_ssh_host(world, sshd):
 
 
 def test_remote_workspace_removed_after_collect_or_kept(tmp_path, sshd):
-    w = World(tmp_path, [fleet([machine(sshd)])], remote_cleanup="never")
-    try:
+    with World(tmp_path, [fleet([machine(sshd)])], remote_cleanup="never") as w:
         w.add_run(run_spec("keep", "ssh-host", ["sh", "-c", "echo kept"]))
         st = w.until("keep", lambda s: s.phase == "Succeeded")
         ws = Path(st.handle.workspace)
@@ -49,13 +47,10 @@ def test_remote_workspace_removed_after_collect_or_kept(tmp_path, sshd):
         assert (w.bundle("gone-g1-a1") / "artifacts" / "stdout.log").read_text() == "gone\n"
         # the next pass finds nothing there and changes nothing
         assert w.run_pass().written == []
-    finally:
-        w.cleanup()
 
 
 def test_docker_over_ssh(tmp_path, sshd, dockerd):
-    w = World(tmp_path, [fleet([machine(sshd, docker_host=dockerd.host)])])
-    try:
+    with World(tmp_path, [fleet([machine(sshd, docker_host=dockerd.host)])]) as w:
         w.add_run(run_spec("boxed", "ssh-docker", ["sh", "-c", "echo in a box as $(id -u); cat /proc/1/cmdline"]))
         st = w.until("boxed", lambda s: s.phase == "Succeeded", timeout=60)
         assert st.handle.container == "boxed-g1-a1" and st.handle.machine == "lab-1"
@@ -63,26 +58,20 @@ def test_docker_over_ssh(tmp_path, sshd, dockerd):
         assert out.startswith(f"in a box as {sshd_uid(sshd)}\n") and "launch.sh" in out
         # collected: the container is removed
         assert dockerd.docker("ps", "-aq", "--filter", "name=boxed-g1-a1").stdout.strip() == ""
-    finally:
-        w.cleanup()
 
 
 def test_docker_here(tmp_path, dockerd):
-    w = World(tmp_path, [], docker_host=dockerd.host)
-    try:
+    with World(tmp_path, [], docker_host=dockerd.host) as w:
         w.add_run(run_spec("here", "local-docker", ["sh", "-c", "echo local box; ls /bundle/job.json"]))
         running = w.until("here", lambda s: s.phase in ("Running", "Succeeded"), timeout=60)
         assert running.handle.container == "here-g1-a1"
         st = w.until("here", lambda s: s.phase == "Succeeded", timeout=60)
         ws = Path(st.handle.workspace)
         assert (ws / "artifacts" / "stdout.log").read_text() == "local box\n/bundle/job.json\n"
-    finally:
-        w.cleanup()
 
 
 def test_docker_missing_image_fails_with_a_clear_message(tmp_path, sshd, dockerd):
-    w = World(tmp_path, [fleet([machine(sshd, docker_host=dockerd.host)])])
-    try:
+    with World(tmp_path, [fleet([machine(sshd, docker_host=dockerd.host)])]) as w:
         w.add_run(run_spec("noimg", "ssh-docker", ["true"], overrides={"image": "reconciler-test/nope:1"},
                            restartPolicy={"maxRetries": 2, "backoffSeconds": 0}))
         st = w.until("noimg", lambda s: s.phase == "Failed", timeout=30)
@@ -94,13 +83,10 @@ def test_docker_missing_image_fails_with_a_clear_message(tmp_path, sshd, dockerd
         st2 = w.status("noimg")
         assert st2.phase == "Failed" and st2.attempt == 1 and want in st2.message
         assert w.run_pass().written == []
-    finally:
-        w.cleanup()
 
 
 def test_docker_stop_terminates_the_container(tmp_path, sshd, dockerd):
-    w = World(tmp_path, [fleet([machine(sshd, docker_host=dockerd.host)])])
-    try:
+    with World(tmp_path, [fleet([machine(sshd, docker_host=dockerd.host)])]) as w:
         w.add_run(run_spec("long", "ssh-docker", ["sleep", "60"]))
         w.until("long", lambda s: s.phase == "Running", timeout=60)
         assert dockerd.docker("inspect", "-f", "{{.State.Running}}", "long-g1-a1").stdout.strip() == "true"
@@ -109,8 +95,6 @@ def test_docker_stop_terminates_the_container(tmp_path, sshd, dockerd):
         st = w.until("long", lambda s: s.phase == "Terminated", timeout=30)
         assert st.phase == "Terminated"
         assert dockerd.docker("ps", "-aq", "--filter", "name=long-g1-a1").stdout.strip() == ""
-    finally:
-        w.cleanup()
 
 
 def sshd_uid(server) -> int:
@@ -124,8 +108,7 @@ def _pgid(ws: str) -> int:
 
 
 def test_killed_remote_job_is_relaunched_then_fails(tmp_path, sshd):
-    w = World(tmp_path, [fleet([machine(sshd)])])
-    try:
+    with World(tmp_path, [fleet([machine(sshd)])]) as w:
         w.add_run(run_spec("victim", "ssh-host", ["sleep", "60"],
                            restartPolicy={"maxRetries": 1, "backoffSeconds": 0}))
         st = w.until("victim", lambda s: s.phase == "Running")
@@ -143,14 +126,11 @@ def test_killed_remote_job_is_relaunched_then_fails(tmp_path, sshd):
         # The run is over: no workspace of any of its attempts is left on the machine.
         assert not [p.name for p in root.iterdir() if p.name.startswith("victim-")]
         assert (w.repo / ".reconciler" / "bundles" / "victim-g1-a1" / "artifacts" / "manifest.json").is_file()
-    finally:
-        w.cleanup()
 
 
 def test_unreachable_machine_keeps_its_run_and_adopts_it_back(tmp_path, sshd_factory):
     server = sshd_factory()
-    w = World(tmp_path, [fleet([machine(server)])], unreachable_grace=300)
-    try:
+    with World(tmp_path, [fleet([machine(server)])], unreachable_grace=300) as w:
         w.add_run(run_spec("steady", "ssh-host", ["sleep", "60"]))
         st = w.until("steady", lambda s: s.phase == "Running")
         pid = st.handle.pid
@@ -170,15 +150,12 @@ def test_unreachable_machine_keeps_its_run_and_adopts_it_back(tmp_path, sshd_fac
         st = w.until("steady", lambda s: s.condition("MachineReachable").status == "True")
         assert st.phase == "Running" and st.attempt == 1 and st.handle.pid == pid  # adopted, not relaunched
         assert alive_instances(Path(st.handle.workspace).parent, "steady") == ["steady-g1-a1"]
-    finally:
-        w.cleanup()
 
 
 def test_lost_after_grace_relaunched_elsewhere_and_fenced_when_back(tmp_path, sshd_factory):
     one, two = sshd_factory("127.0.0.1"), sshd_factory("127.0.0.2")
     m1, m2 = machine(one, "lab-1", max_tasks=1), machine(two, "lab-2", max_tasks=1)
-    w = World(tmp_path, [fleet([m1, m2])], unreachable_grace=1)
-    try:
+    with World(tmp_path, [fleet([m1, m2])], unreachable_grace=1) as w:
         w.add_run(run_spec("phoenix", "ssh-host", ["sleep", "60"], restartPolicy={"maxRetries": 2, "backoffSeconds": 0}))
         st = w.until("phoenix", lambda s: s.phase == "Running")
         first = st.handle.machine
@@ -207,14 +184,11 @@ def test_lost_after_grace_relaunched_elsewhere_and_fenced_when_back(tmp_path, ss
         assert alive_instances(Path(new_root["workspace_root"]) / "test", "phoenix") == ["phoenix-g1-a2"]
         st = w.status("phoenix")
         assert st.phase == "Running" and st.handle.identity == "phoenix-g1-a2"
-    finally:
-        w.cleanup()
 
 
 def test_lost_on_a_single_machine_relaunches_there_after_fencing(tmp_path, sshd_factory):
     server = sshd_factory()
-    w = World(tmp_path, [fleet([machine(server, max_tasks=2)])], unreachable_grace=1)
-    try:
+    with World(tmp_path, [fleet([machine(server, max_tasks=2)])], unreachable_grace=1) as w:
         w.add_run(run_spec("solo", "ssh-host", ["sleep", "60"], restartPolicy={"maxRetries": 2, "backoffSeconds": 0}))
         st = w.until("solo", lambda s: s.phase == "Running")
         root = Path(st.handle.workspace).parent
@@ -229,14 +203,11 @@ def test_lost_on_a_single_machine_relaunches_there_after_fencing(tmp_path, sshd_
         st = w.status("solo")
         assert st.phase == "Running" and st.handle.identity == "solo-g1-a2"
         assert alive_instances(root, "solo") == ["solo-g1-a2"]
-    finally:
-        w.cleanup()
 
 
 def test_wrong_host_key_is_refused_with_a_clear_condition(tmp_path, sshd_factory):
     server = sshd_factory()
-    w = World(tmp_path, [fleet([machine(server, host_key=server.other_host_key())])])
-    try:
+    with World(tmp_path, [fleet([machine(server, host_key=server.other_host_key())])]) as w:
         w.add_run(run_spec("guarded", "ssh-host", ["true"]))
         w.run_pass()
         st = w.status("guarded")
@@ -247,13 +218,10 @@ def test_wrong_host_key_is_refused_with_a_clear_condition(tmp_path, sshd_factory
                 "specs/fleets/lab.yaml: refusing to connect")
         assert want in cond.message and want in st.message
         assert "Accepted" not in server.log_text()
-    finally:
-        w.cleanup()
 
 
 def test_two_runs_compete_for_one_gpu(tmp_path, sshd):
-    w = World(tmp_path, [fleet([machine(sshd, gpus=1, max_tasks=2)])])
-    try:
+    with World(tmp_path, [fleet([machine(sshd, gpus=1, max_tasks=2)])]) as w:
         res = {"overrides": {"resources": {"gpu_count": 1}}}
         w.add_run(run_spec("gpu-a", "ssh-host", ["sh", "-c", "echo cvd=$CUDA_VISIBLE_DEVICES; sleep 60"], **res),
                   commit=False)
@@ -270,26 +238,20 @@ def test_two_runs_compete_for_one_gpu(tmp_path, sshd):
         assert b.handle.gpus == [0]
         assert (w.bundle("gpu-b-g1-a1") / "artifacts" / "stdout.log").read_text() == "cvd=0\n"
         assert "export CUDA_VISIBLE_DEVICES=0" in (w.bundle("gpu-b-g1-a1") / "scripts" / "env.sh").read_text()
-    finally:
-        w.cleanup()
 
 
 def test_drained_machine_takes_no_new_work(tmp_path, sshd):
-    w = World(tmp_path, [fleet([machine(sshd, max_tasks=0)])])
-    try:
+    with World(tmp_path, [fleet([machine(sshd, max_tasks=0)])]) as w:
         w.add_run(run_spec("waiting", "ssh-host", ["true"]))
         w.run_pass()
         st = w.status("waiting")
         assert st.phase == "Pending" and "lab-1: drained (max_tasks 0)" in st.message
-    finally:
-        w.cleanup()
 
 
 def test_docker_gets_gpus_only_when_the_run_asks(tmp_path, sshd, dockerd):
     """The test dockerd has no NVIDIA runtime: a run with a GPU gets ``--gpus device=0``, which this
     daemon refuses (a permanent error that says so); a run without GPUs gets no --gpus at all."""
-    w = World(tmp_path, [fleet([machine(sshd, gpus=1, docker_host=dockerd.host)])])
-    try:
+    with World(tmp_path, [fleet([machine(sshd, gpus=1, docker_host=dockerd.host)])]) as w:
         w.add_run(run_spec("cpu-box", "ssh-docker", ["true"]), commit=False)
         w.add_run(run_spec("gpu-box", "ssh-docker", ["true"], overrides={"resources": {"gpu_count": 1}}))
         st = w.until("cpu-box", lambda s: s.phase == "Succeeded", timeout=60)
@@ -299,5 +261,3 @@ def test_docker_gets_gpus_only_when_the_run_asks(tmp_path, sshd, dockerd):
         assert "export CUDA_VISIBLE_DEVICES=0" in (w.bundle("gpu-box-g1-a1") / "scripts" / "env.sh").read_text()
         assert "CUDA_VISIBLE_DEVICES" not in (w.bundle("cpu-box-g1-a1") / "scripts" / "env.sh").read_text()
         assert st.handle.gpus == []
-    finally:
-        w.cleanup()

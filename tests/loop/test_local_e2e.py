@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 
@@ -84,7 +85,7 @@ def test_editing_the_spec_kills_old_group_and_launches_next_generation(tmp_path,
     repo_dir = make_repo(tmp_path / "repo", {"train": run_spec("train", LONG)})
     rec = reconciler(repo_dir, ws_root)
     rec.run_pass()
-    pgid = wait_for(lambda: pgid_of(ws_root, "train-g1-a1") if (workspace(ws_root, "train-g1-a1") / "runtime" / "pid").exists() else None)
+    pgid = wait_for(lambda: pgid_of(ws_root, "train-g1-a1"), what="train-g1-a1 to record its process group")
     wait_for(lambda: len(processes_with("RECONCILER_IDENTITY=train-g1-a1")) >= 3, what="job and its child")
     (repo_dir / "specs" / "runs" / "train.yaml").write_text(run_spec("train", LONG + ["edited"]))
     commit_all(repo_dir, "edit train")
@@ -134,7 +135,7 @@ def test_kill_9_of_the_job_is_lost_and_relaunched(tmp_path, ws_root):
     repo_dir = make_repo(tmp_path / "repo", {"victim": run_spec("victim", LONG, max_retries=1, backoff=0)})
     rec = reconciler(repo_dir, ws_root)
     rec.run_pass()
-    pgid = wait_for(lambda: pgid_of(ws_root, "victim-g1-a1") if (workspace(ws_root, "victim-g1-a1") / "runtime" / "pid").exists() else None)
+    pgid = wait_for(lambda: pgid_of(ws_root, "victim-g1-a1"), what="victim-g1-a1 to record its process group")
     kill_group(pgid, signal.SIGKILL)
     wait_for(lambda: not group_alive(pgid), what="group to die")
     result = rec.run_pass()
@@ -215,7 +216,5 @@ def test_dry_run_changes_nothing(tmp_path, ws_root):
     assert same.stdout == out.stdout
     assert not (repo_dir / "status").exists() and not ws_root.exists()
     js = reconcile_cli(repo_dir, "plan", "--json", env=env)
-    import json
-
     plan = json.loads(js.stdout)
     assert plan["changes"][0]["action"] == "launch" and plan["changes"][0]["reason"] == "new run"

@@ -13,10 +13,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.repo_helpers import wait_for
 
 SAMPLER = Path(__file__).resolve().parents[2] / "reconciler" / "runtime" / "gpu_sampler.py"
 
@@ -102,16 +103,6 @@ def read_events(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 @pytest.fixture
 def fake_nvml_env(tmp_path):
     lib = tmp_path / "fake_nvml"
@@ -166,7 +157,7 @@ def test_samples_devices_and_processes_then_stops_on_sigterm(tmp_path, fake_nvml
     out = tmp_path / "gpu.jsonl"
     proc = start_sampler(out, fake_nvml_env, "--interval", "0.1")
     try:
-        wait_for(lambda: sum(e["event"] == "sample" for e in read_events(out)) >= 3, 30, "3 samples")
+        wait_for(lambda: sum(e["event"] == "sample" for e in read_events(out)) >= 3, timeout=30, what="3 samples")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0, proc.stderr.read()
     finally:
@@ -207,7 +198,7 @@ def test_exits_by_itself_when_watched_pid_is_gone(tmp_path, fake_nvml_env):
     out = tmp_path / "gpu.jsonl"
     proc = start_sampler(out, fake_nvml_env, "--interval", "0.1", "--watch-pid", str(short.pid))
     try:
-        wait_for(lambda: proc.poll() is not None, 30, "the sampler to exit after its watched pid")
+        wait_for(lambda: proc.poll() is not None, timeout=30, what="the sampler to exit after its watched pid")
         assert proc.returncode == 0, proc.stderr.read()
     finally:
         if proc.poll() is None:

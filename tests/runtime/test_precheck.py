@@ -167,10 +167,7 @@ def test_nvml_driver_and_gpus_are_recorded(tmp_path):
 
 
 def test_real_nvml_on_this_host_is_recorded_without_failing(tmp_path):
-    try:
-        import pynvml  # noqa: F401
-    except ImportError:
-        pytest.skip("pynvml not installed for this interpreter")
+    pytest.importorskip("pynvml", reason="pynvml not installed for this interpreter")
     proc = subprocess.run([sys.executable, str(PRECHECK), "--json", str(tmp_path / "p.json")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr

@@ -13,24 +13,20 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.spec.helpers import run_cli
+
 CORPUS = Path(__file__).parent / "corpus"
 CASES: dict = yaml.safe_load((CORPUS / "cases.yaml").read_text(encoding="utf-8"))
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def validate(repo: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run(
-        [sys.executable, "-m", "reconciler", "validate", "--repo", str(repo), *extra],
-        capture_output=True, text=True, timeout=60, env=env, cwd=repo,
-    )
+    return run_cli("validate", "--repo", str(repo), *extra, cwd=repo)
 
 
 def prepare(name: str, tmp: Path) -> Path:

@@ -8,25 +8,9 @@ from pathlib import Path
 import pytest
 
 from reconciler.spec import load
-from reconciler.spec.checks import input_problem, secret_values
+from reconciler.spec.checks import MAYBE_SECRET, input_problem, secret_values
 from reconciler.spec.load import Locator, SpecCache, dotted, load_file, load_tree, run_digest
-
-TEMPLATE = """\
-apiVersion: reconciler/v1
-kind: ExecutionTemplate
-id: local-host
-placement:
-  kind: local
-launch_mode:
-  kind: host_process
-allow_overrides: [resources]
-"""
-
-
-def run_text(name: str, template: str = "local-host", extra: str = "") -> str:
-    return (f"apiVersion: reconciler/v1\nkind: Run\nmetadata:\n  name: {name}\nspec:\n  template: {template}\n"
-            f"  task:\n    type: command\n    argv: [echo, {name}]\n{extra}")
-
+from tests.spec.helpers import TEMPLATE, run_text, write
 
 FLEET = """\
 apiVersion: reconciler/v1
@@ -48,13 +32,6 @@ def repo(tmp_path: Path) -> Path:
     write(tmp_path, "specs/team/b.yaml", run_text("b"))
     write(tmp_path, "specs/fleets/lab.yaml", FLEET)
     return tmp_path
-
-
-def write(root: Path, rel: str, text: str | bytes) -> Path:
-    p = root / rel
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_bytes(text.encode() if isinstance(text, str) else text)
-    return p
 
 
 def test_valid_tree(repo: Path) -> None:
@@ -233,3 +210,10 @@ def test_credential_lookalikes_anywhere(value: str) -> None:
 
 def test_secret_prefilter_skips_clean_text() -> None:
     assert secret_values({"a": "b"}, text="a: b\n") == []
+
+
+def test_secret_prefilter_skips_secret_names() -> None:
+    """Naming a secret is the fix, not a leak: the walk is skipped for it, in any case of the key."""
+    assert MAYBE_SECRET.search("spec:\n  secrets: [HF_TOKEN, WANDB_API_KEY]\n") is None
+    assert MAYBE_SECRET.search("env: {HF_TOKEN: x}") and MAYBE_SECRET.search("env: {hf_token: x}")
+    assert MAYBE_SECRET.search("note: hf_abc") and not MAYBE_SECRET.search("note: HF_abc")

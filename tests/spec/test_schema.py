@@ -5,35 +5,21 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from jsonschema import Draft202012Validator
 
 from reconciler.spec import schema
-from reconciler.spec.yamlsafe import decode, fast_load
+from tests.spec.helpers import REPO, read_yaml, reconcile
 
-REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "specs").rglob("*.yaml")) + sorted((REPO / "execution_templates").glob("*.yaml"))
-
-
-def reconcile(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, "-m", "reconciler", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=60)
 
 
 def validator(kind: str) -> Draft202012Validator:
     doc = json.loads((REPO / "schemas" / f"{schema.FILE_NAMES[kind]}.schema.json").read_text(encoding="utf-8"))
     return Draft202012Validator(doc)
-
-
-def load(path: Path) -> dict:
-    return fast_load(decode(path.read_bytes()))
 
 
 def test_generation_is_stable() -> None:
@@ -91,13 +77,13 @@ def test_schema_check_fails_when_a_file_is_missing(schema_copy: Path) -> None:
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: str(p.relative_to(REPO)))
 def test_examples_validate_against_the_committed_schemas(path: Path) -> None:
-    doc = load(path)
+    doc = read_yaml(path)
     errors = sorted(validator(doc["kind"]).iter_errors(doc), key=str)
     assert errors == [], [e.message for e in errors]
 
 
 def test_examples_cover_every_kind() -> None:
-    assert {load(p)["kind"] for p in EXAMPLES} == set(schema.FILE_NAMES)
+    assert {read_yaml(p)["kind"] for p in EXAMPLES} == set(schema.FILE_NAMES)
 
 
 def test_examples_point_editors_at_existing_schemas() -> None:
@@ -109,7 +95,7 @@ def test_examples_point_editors_at_existing_schemas() -> None:
 
 
 def _example(kind: str) -> dict:
-    return next(load(p) for p in EXAMPLES if load(p)["kind"] == kind)
+    return next(read_yaml(p) for p in EXAMPLES if read_yaml(p)["kind"] == kind)
 
 
 def _mutations() -> list[tuple[str, str, callable]]:
