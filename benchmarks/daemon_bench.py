@@ -37,40 +37,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from tests import repo_helpers  # noqa: E402
 from tests.infra._proc import free_port  # noqa: E402
 
+import specgen  # noqa: E402
+from specgen import TEMPLATE  # noqa: E402
+
 SECRET = "bench-secret"
-TEMPLATE = """apiVersion: reconciler/v1
-kind: ExecutionTemplate
-id: local-host
-placement: {kind: local}
-launch_mode: {kind: host_process}
-allow_overrides: [resources, runtime_env]
-"""
-
-
 def run_spec(name: str, desired: str = "Running", i: int = 0) -> str:
-    return f"""apiVersion: reconciler/v1
-kind: Run
-metadata:
-  name: {name}
-  labels:
-    team: bench
-    index: "{i}"
-spec:
-  template: local-host
-  desiredState: {desired}
-  task:
-    type: command
-    argv: [sh, -c, "echo hi; sleep 120"]
-    env:
-      STEP: "{i}"
-  restartPolicy:
-    maxRetries: 1
-    backoffSeconds: 5
-"""
+    return specgen.run_spec(name, i, '[sh, -c, "echo hi; sleep 120"]', {"STEP": f'"{i}"'},
+                            middle=f"  desiredState: {desired}\n", max_retries=1, backoff=5)
 
 
 def git(cwd: Path, *args: str) -> str:

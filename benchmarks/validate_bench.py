@@ -18,36 +18,11 @@ import tempfile
 import time
 from pathlib import Path
 
-TEMPLATE = """apiVersion: reconciler/v1
-kind: ExecutionTemplate
-id: local-host
-placement: {kind: local}
-launch_mode: {kind: host_process}
-allow_overrides: [resources, runtime_env]
-"""
+from specgen import TEMPLATE, run_spec
 
-RUN = """apiVersion: reconciler/v1
-kind: Run
-metadata:
-  name: {name}
-  labels:
-    team: bench
-    index: "{i}"
-spec:
-  template: local-host
-  overrides:
-    resources:
-      gpu_count: 1
-  task:
-    type: command
-    argv: ["python", "train.py", "--lr", "0.001", "--seed", "{i}"]
-    env:
-      WANDB_MODE: offline
-  restartPolicy:
-    maxRetries: 2
-    backoffSeconds: 30
-  secrets: [HF_TOKEN]
-"""
+def run_text(name: str, i: int) -> str:
+    return run_spec(name, i, f'["python", "train.py", "--lr", "0.001", "--seed", "{i}"]', {"WANDB_MODE": "offline"},
+                    middle="  overrides:\n    resources:\n      gpu_count: 1\n", tail="  secrets: [HF_TOKEN]\n")
 
 
 def make_repo(root: Path, n: int) -> None:
@@ -57,7 +32,7 @@ def make_repo(root: Path, n: int) -> None:
         d = root / "specs" / "runs" / f"team{i % 20}"
         d.mkdir(parents=True, exist_ok=True)
         name = f"run-{i:05d}"
-        (d / f"{name}.yaml").write_text(RUN.format(name=name, i=i))
+        (d / f"{name}.yaml").write_text(run_text(name, i))
 
 
 def main() -> int:
