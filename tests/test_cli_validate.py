@@ -203,3 +203,59 @@ def test_status_table_of_a_handle_without_a_machine(repo: Path) -> None:
     write(repo, "status/good.yaml", "name: good\nphase: Running\nhandle:\n  backend: local_host_process\n")
     r = reconcile("status", "--repo", str(repo), cwd=repo)
     assert r.returncode == 0 and r.stdout.splitlines()[1].split()[:4] == ["good", "Running", "0/0", "-"]
+
+
+# ---------------------------------------------------------------- duplicates across files, when files are given
+
+
+def test_a_given_file_is_reported_for_a_duplicate_run_name(repo: Path) -> None:
+    """In the tree's order the other file comes second; naming this one must still show the clash."""
+    write(repo, "specs/runs/a/same.yaml", run_text("same"))
+    write(repo, "specs/runs/b/same.yaml", run_text("same"))
+    r = reconcile("validate", "specs/runs/a/same.yaml", cwd=repo)
+    assert r.returncode == 1, r.stdout
+    assert r.stdout.splitlines() == [
+        "specs/runs/a/same.yaml:4:3: metadata.name: Run 'same' is also defined in specs/runs/b/same.yaml",
+        "1 error(s) in 1 file(s); 1 file(s) checked"]
+    r = reconcile("validate", "specs/runs/b/same.yaml", cwd=repo)
+    assert r.stdout.splitlines()[0] == (
+        "specs/runs/b/same.yaml:4:3: metadata.name: Run 'same' is also defined in specs/runs/a/same.yaml")
+    r = reconcile("validate", cwd=repo)  # the whole tree: reported once, against the second file
+    assert "specs/runs/b/same.yaml:4:3: metadata.name: Run 'same' is also defined" in r.stdout
+    assert "specs/runs/a/same.yaml:" not in r.stdout
+
+
+def test_a_given_file_is_reported_for_a_duplicate_template_id(repo: Path) -> None:
+    write(repo, "execution_templates/local-host-copy.yaml", TEMPLATE)
+    r = reconcile("validate", "execution_templates/local-host.yaml", cwd=repo)
+    assert r.returncode == 1, r.stdout
+    assert r.stdout.splitlines() == [
+        "execution_templates/local-host.yaml:3:1: id: template id 'local-host' is also defined in "
+        "execution_templates/local-host-copy.yaml",
+        "1 error(s) in 1 file(s); 1 file(s) checked"]
+    # The run using the id still resolves it to the file named after it, and passes.
+    r = reconcile("validate", "specs/runs/good.yaml", cwd=repo)
+    assert r.returncode == 0, r.stdout
+
+
+def test_a_given_fleet_is_reported_for_a_duplicate_machine(repo: Path) -> None:
+    fleet = ("apiVersion: reconciler/v1\nkind: Fleet\nmetadata:\n  name: {name}\nspec:\n  known_hosts: /etc/ssh/known_hosts\n"
+             "  machines:\n    - name: node-1\n      ssh: {{host: 127.0.0.1, user: u}}\n")
+    write(repo, "specs/fleets/dc.yaml", fleet.format(name="dc"))
+    write(repo, "specs/fleets/lab.yaml", fleet.format(name="lab"))
+    r = reconcile("validate", "specs/fleets/dc.yaml", cwd=repo)
+    assert r.returncode == 1, r.stdout
+    assert r.stdout.splitlines()[0] == (
+        "specs/fleets/dc.yaml:8:7: spec.machines[0].name: machine 'node-1' is already declared in specs/fleets/lab.yaml")
+
+
+# ---------------------------------------------------------------- one run shows every problem
+
+
+def test_schema_errors_do_not_hide_the_others(repo: Path) -> None:
+    write(repo, "specs/runs/dangling.yaml", run_text("dangling", template="gone") + "  bogus: 1\n")
+    r = reconcile("validate", "specs/runs/dangling.yaml", cwd=repo)
+    assert r.stdout.splitlines() == [
+        "specs/runs/dangling.yaml:6:3: spec.template: template 'gone' not found (known: local-host)",
+        "specs/runs/dangling.yaml:10:3: spec.bogus: unknown key 'bogus'",
+        "2 error(s) in 1 file(s); 1 file(s) checked"]

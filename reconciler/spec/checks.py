@@ -6,6 +6,9 @@ reference (a run naming a template that was renamed) is pointed at the line that
 
 from __future__ import annotations
 
+import base64
+import binascii
+import difflib
 import os
 import re
 from collections import defaultdict
@@ -13,7 +16,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
 
 from ..diagnostics import Diagnostic
-from .models import OVERRIDABLE, ExecutionTemplate, Fleet, Run
+from .models import OVERRIDABLE, ExecutionTemplate, is_dns_label
 
 SECRET_KEY = re.compile(r"(?:^|[_\-.])(TOKEN|KEY|SECRET|PASSWORD|PASSWD|APIKEY|CREDENTIALS?)$", re.IGNORECASE)
 CREDENTIAL = re.compile(
@@ -59,40 +62,65 @@ def secret_values(data: Any, text: str | None = None) -> list[tuple[tuple, str]]
         if CREDENTIAL.match(value.strip()):
             found.append((loc, "this value looks like a credential; never commit one: list its name under "
                                "spec.secrets and set it on the reconciler host"))
-        elif isinstance(loc[-1], str) and SECRET_KEY.search(key) and "secrets" not in loc:
+        elif loc and isinstance(loc[-1], str) and SECRET_KEY.search(key) and "secrets" not in loc:
             name = key if re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key) else "NAME"
             found.append((loc, f"'{key}' holds a literal secret; remove the value, list '{name}' under "
                                "spec.secrets and set it on the reconciler host"))
     return found
 
 
-def cross_checks(root: Path, files: list, locator) -> dict[str, list[Diagnostic]]:
+def cross_checks(root: Path, files: list, locator, given: set[str] | None = None) -> dict[str, list[Diagnostic]]:
+    """Every check beyond one file's schema, by repository-relative path.
+
+    The checks read each file's parsed mapping (``SpecFile.data``), not its validated object, so that
+    a file the schema refused still gets them: one ``validate`` shows a misspelt key and the template
+    that does not exist, not the one and then, once fixed, the other. A value the schema refuses
+    (wrong type, bad pattern) is left alone here; its schema error says what is wrong with it.
+
+    ``given``: the files named on the command line. A name or id defined twice is reported against a
+    given file rather than against the tree's copy, which would be filtered out of what is shown.
+    """
     out: dict[str, list[Diagnostic]] = defaultdict(list)
 
     def add(f, loc: tuple, message: str) -> None:
         out[f.rel].append(locator.diag(f, loc, message))
 
-    runs = [f for f in files if f.ok and isinstance(f.obj, Run)]
-    templates_all = {}
-    template_files = [f for f in files if f.kind == "ExecutionTemplate"]
-    # Files whose name matches their id first: when an id is defined twice, the misnamed copy is at fault.
-    for f in sorted(template_files, key=lambda f: f.obj is None or f.path.stem != f.obj.id):
-        tid = f.obj.id if f.obj is not None else f.path.stem
-        if f.obj is not None and f.path.stem != f.obj.id:
-            add(f, ("id",), f"id '{f.obj.id}' must equal the file name '{f.path.stem}'")
-        if tid in templates_all and f.obj is not None:
-            add(f, ("id",), f"template id '{tid}' is also defined in {templates_all[tid].rel}")
-        templates_all.setdefault(tid, f)
-        templates_all.setdefault(f.path.stem, f)  # a run naming the file still finds it (and sees it is invalid)
+    given = given or set()
+    checked = [f for f in files if f.data is not None]
+    template_files = [f for f in checked if f.kind == "ExecutionTemplate"]
+    lookup: dict[str, Any] = {}  # what a run's spec.template finds: an id, else a file stem
+    by_id: dict[str, Any] = {}
+
+    def tid(f) -> str | None:
+        value = f.data.get("id")
+        return value if is_dns_label(value) else None
+
+    def misnamed(f) -> bool:
+        return tid(f) not in (None, f.path.stem)
+
+    # When an id is defined twice, the misnamed copy is at fault, and a run naming the id finds the
+    # file named after it; but a file given on the command line is reported before the tree's copy.
+    for f in sorted(template_files, key=lambda f: (f.rel in given, misnamed(f))):
+        t = tid(f)
+        if t is None:
+            continue
+        if misnamed(f):
+            add(f, ("id",), f"id '{t}' must equal the file name '{f.path.stem}'")
+        if t in by_id:
+            add(f, ("id",), f"template id '{t}' is also defined in {by_id[t].rel}")
+        by_id.setdefault(t, f)
+    for f in sorted(template_files, key=misnamed):
+        if tid(f) is not None:
+            lookup.setdefault(tid(f), f)
     for f in template_files:
-        if isinstance(f.obj, ExecutionTemplate):
-            _check_template(f, add)
+        lookup.setdefault(f.path.stem, f)  # a run naming the file still finds it (and sees it is invalid)
+        _check_template(f, add)
 
     by_name: dict[tuple[str, str], Any] = {}
-    for f in files:
-        if f.obj is None or f.kind not in ("Run", "Fleet"):
+    for f in sorted((f for f in checked if f.kind in ("Run", "Fleet")), key=lambda f: f.rel in given):
+        name = _at(f.data, "metadata", "name")
+        if not is_dns_label(name):
             continue
-        name = f.obj.metadata.name
         if f.path.stem != name:
             add(f, ("metadata", "name"), f"name '{name}' must equal the file name '{f.path.stem}'")
         other = by_name.get((f.kind, name))
@@ -103,90 +131,239 @@ def cross_checks(root: Path, files: list, locator) -> dict[str, list[Diagnostic]
 
     # A template with a cross-file error (id != file name, id defined twice) is as invalid as one
     # that failed its schema: the runs that use it must not pass.
-    invalid_templates = {f.rel for f in template_files if out.get(f.rel)}
-    for f in runs:
-        _check_run(root, f, templates_all, add, invalid_templates)
+    invalid_templates = {f.rel for f in template_files if f.diags or out.get(f.rel)}
+    for f in checked:
+        if f.kind == "Run":
+            _check_run(root, f, lookup, add, invalid_templates)
 
     machines: dict[str, Any] = {}
-    for f in files:
-        if not isinstance(f.obj, Fleet):
-            continue
-        for i, m in enumerate(f.obj.spec.machines):
-            if m.name in machines:
-                where = machines[m.name]
+    for f in sorted((f for f in checked if f.kind == "Fleet"), key=lambda f: f.rel in given):
+        spec = _dict(f.data.get("spec"))
+        known_hosts = spec.get("known_hosts")
+        for i, m in enumerate(_list(spec.get("machines"))):
+            if not isinstance(m, dict):
+                continue
+            name = m.get("name")
+            if is_dns_label(name) and name in machines:
+                where = machines[name]
                 add(f, ("spec", "machines", i, "name"),
-                    f"machine '{m.name}' is already declared " + ("in this fleet" if where is f else f"in {where.rel}"))
-            else:
-                machines[m.name] = f
-            if not m.ssh.host_key and not f.obj.spec.known_hosts:
-                add(f, ("spec", "machines", i, "ssh"),
-                    "no host key: set ssh.host_key or the fleet's known_hosts (keys are never accepted blindly)")
-            _check_resources_machine(f, i, m, add)
+                    f"machine '{name}' is already declared " + ("in this fleet" if where is f else f"in {where.rel}"))
+            elif is_dns_label(name):
+                machines[name] = f
+            ssh = m.get("ssh")
+            if isinstance(ssh, dict):
+                host_key = ssh.get("host_key")
+                if isinstance(host_key, str) and host_key:
+                    problem = host_key_problem(host_key)
+                    if problem:
+                        add(f, ("spec", "machines", i, "ssh", "host_key"), problem)
+                elif host_key is None or host_key == "":
+                    if not known_hosts:
+                        add(f, ("spec", "machines", i, "ssh"),
+                            "no host key: set ssh.host_key or the fleet's known_hosts (keys are never accepted blindly)")
+            types = [g.get("type") for g in _list(_at(m, "resources", "gpus")) if isinstance(g, dict)]
+            types = [t for t in types if isinstance(t, str)]
+            if len(set(types)) != len(types):
+                add(f, ("spec", "machines", i, "resources", "gpus"), "a GPU type is listed twice; add the counts")
     return out
 
 
+# ---------------------------------------------------------------- reading raw mappings
+
+
+def _at(data: Any, *path: str) -> Any:
+    """The value at ``path`` in a parsed mapping, or None where a part is missing or not a mapping."""
+    for part in path:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(part)
+    return data
+
+
+def _dict(v: Any) -> dict:
+    return v if isinstance(v, dict) else {}
+
+
+def _list(v: Any) -> list:
+    return v if isinstance(v, list) else []
+
+
+def _text(v: Any) -> str | None:
+    """A non-empty string, or None (a missing value, or one of another type: the schema reports that)."""
+    return v if isinstance(v, str) and v else None
+
+
+def _count(v: Any, default: int = 0) -> int | None:
+    """A GPU count as the schema reads it: an int (not a bool), the default when absent, else None."""
+    if v is None:
+        return default
+    return v if type(v) is int else None
+
+
+# ---------------------------------------------------------------- templates
+
+
 def _check_template(f, add) -> None:
-    t: ExecutionTemplate = f.obj
-    if t.launch_mode.kind == "docker" and not t.defaults.image and "image" not in t.allow_overrides:
+    t = f.data
+    mode = _at(t, "launch_mode", "kind")
+    defaults = _dict(t.get("defaults"))
+    allow = [k for k in _list(t.get("allow_overrides")) if isinstance(k, str)]
+    image = _text(defaults.get("image"))
+    if mode == "docker" and not image and "image" not in allow:
         add(f, ("launch_mode",), "docker launches need defaults.image (or allow_overrides: [image])")
-    if t.launch_mode.kind == "host_process" and t.defaults.image:
+    if mode == "host_process" and image:
         add(f, ("defaults", "image"), "an image only applies to docker launches")
-    if t.placement.kind == "local" and t.defaults.target:
+    if _at(t, "placement", "kind") == "local" and _text(defaults.get("target")):
         add(f, ("defaults", "target"), "local placement runs on this machine; target is for ssh placement")
-    if len(set(t.allow_overrides)) != len(t.allow_overrides):
+    if len(set(allow)) != len(allow):
         add(f, ("allow_overrides",), "lists a key twice")
-    _check_resources(f, ("defaults", "resources"), t.defaults.resources, add)
+    resources = defaults.get("resources")
+    if isinstance(resources, dict) and _text(resources.get("gpu_type")) and _count(resources.get("gpu_count")) == 0:
+        add(f, ("defaults", "resources", "gpu_type"), "gpu_type is set but gpu_count is 0")
 
 
-def _check_resources(f, loc: tuple, r, add) -> None:
-    if r is None:
-        return
-    if r.gpu_type and not r.gpu_count:
-        add(f, loc + ("gpu_type",), "gpu_type is set but gpu_count is 0")
+# ---------------------------------------------------------------- fleets
+
+# Public host key types and the fields of their wire-format blob after the type name (RFC 4253,
+# 5656, 8709, and OpenSSH's PROTOCOL.u2f for the security-key types).
+HOST_KEY_FIELDS = {
+    "ssh-ed25519": ("key",),
+    "ecdsa-sha2-nistp256": ("curve", "point"),
+    "ecdsa-sha2-nistp384": ("curve", "point"),
+    "ecdsa-sha2-nistp521": ("curve", "point"),
+    "ssh-rsa": ("e", "n"),
+    "sk-ssh-ed25519@openssh.com": ("key", "application"),
+    "sk-ecdsa-sha2-nistp256@openssh.com": ("curve", "point", "application"),
+}
+HOST_KEY_FORMAT = "expected '<key-type> <base64>', as in the host's /etc/ssh/ssh_host_*_key.pub"
 
 
-def _check_resources_machine(f, i: int, m, add) -> None:
-    types = [g.type for g in m.resources.gpus]
-    if len(set(types)) != len(types):
-        add(f, ("spec", "machines", i, "resources", "gpus"), "a GPU type is listed twice; add the counts")
+def host_key_problem(value: str) -> str | None:
+    """Why a pinned ``ssh.host_key`` is not a public key line, or None.
+
+    Checked here rather than at the first connection: a malformed pin would otherwise pass review and
+    fail the machine's every launch, and a truncated copy-paste is the usual way to get one wrong.
+    A trailing comment (the third field of a .pub line) is allowed: the SSH transport ignores it.
+    """
+    parts = value.split()
+    kind = parts[0]
+    if kind not in HOST_KEY_FIELDS:
+        if len(parts) > 1 and parts[1] in HOST_KEY_FIELDS:
+            return (f"starts with '{kind}', a known_hosts host field: keep only '{parts[1]} <base64>' "
+                    "(the host comes from ssh.host)")
+        return f"unknown key type '{kind[:40]}'; {HOST_KEY_FORMAT} (known types: {', '.join(HOST_KEY_FIELDS)})"
+    if len(parts) < 2:
+        return f"'{kind}' without its key data; {HOST_KEY_FORMAT}"
+    try:
+        blob = base64.b64decode(parts[1], validate=True)
+    except (binascii.Error, ValueError):
+        return f"the key data is not valid base64; {HOST_KEY_FORMAT}"
+    fields = _ssh_strings(blob)
+    if not fields:
+        return f"the key data is not an SSH public key (truncated?); {HOST_KEY_FORMAT}"
+    embedded = fields[0].decode("utf-8", "replace")[:40]
+    if embedded != kind:
+        return f"the key data holds a '{embedded}' key, but the line says '{kind}'"
+    want = HOST_KEY_FIELDS[kind]
+    body = dict(zip(want, fields[1:]))
+    if (len(fields) - 1 != len(want) or ("key" in body and len(body["key"]) != 32)
+            or ("curve" in body and kind.removeprefix("sk-").split("@")[0] != f"ecdsa-sha2-{body['curve'].decode('latin-1')}")):
+        return f"the '{kind}' key data is truncated or malformed; {HOST_KEY_FORMAT}"
+    return None
+
+
+def _ssh_strings(blob: bytes) -> list[bytes] | None:
+    """An SSH wire-format blob as its length-prefixed strings, or None unless they fill it exactly."""
+    out, i = [], 0
+    while i < len(blob):
+        if i + 4 > len(blob):
+            return None
+        n = int.from_bytes(blob[i:i + 4], "big")
+        i += 4
+        if i + n > len(blob):
+            return None
+        out.append(blob[i:i + n])
+        i += n
+    return out
+
+
+# ---------------------------------------------------------------- runs
 
 
 def _check_run(root: Path, f, templates: dict, add, invalid_templates: set[str]) -> None:
-    run: Run = f.obj
-    spec = run.spec
-    tf = templates.get(spec.template)
-    if tf is None:
-        hint = f" (known: {', '.join(sorted(templates)[:8])})" if templates else " (execution_templates/ is empty)"
-        add(f, ("spec", "template"), f"template '{spec.template}' not found{hint}")
-    elif not tf.ok or tf.rel in invalid_templates:
-        add(f, ("spec", "template"), f"template '{spec.template}' is invalid (see {tf.rel})")
-    else:
-        template: ExecutionTemplate = tf.obj
+    spec = f.data.get("spec")
+    if not isinstance(spec, dict):
+        return
+    overrides = _dict(spec.get("overrides"))
+    template: ExecutionTemplate | None = None
+    name = spec.get("template")
+    if isinstance(name, str):
+        tf = templates.get(name)
+        if tf is None:
+            hint = f" (known: {', '.join(sorted(templates)[:8])})" if templates else " (execution_templates/ is empty)"
+            add(f, ("spec", "template"), f"template '{name}' not found{hint}")
+        elif not tf.ok or tf.rel in invalid_templates:
+            add(f, ("spec", "template"), f"template '{name}' is invalid (see {tf.rel})")
+        else:
+            template = tf.obj
+    if template is not None:
         for key in OVERRIDABLE:
-            if getattr(spec.overrides, key) is not None and key not in template.allow_overrides:
+            if overrides.get(key) is not None and key not in template.allow_overrides:
                 allowed = ", ".join(template.allow_overrides) or "nothing"
                 add(f, ("spec", "overrides", key), f"template '{template.id}' does not allow overriding '{key}' (allowed: {allowed})")
-        if spec.overrides.image and template.launch_mode.kind != "docker":
+        if _text(overrides.get("image")) and template.launch_mode.kind != "docker":
             add(f, ("spec", "overrides", "image"), "an image only applies to docker launches")
-    if spec.overrides.resources is not None:
-        r = spec.overrides.resources
-        if r.gpu_type and r.gpu_count == 0:
-            add(f, ("spec", "overrides", "resources", "gpu_type"), "gpu_type is set but gpu_count is 0")
+    _check_gpus(f, overrides, template, add)
     seen = set()
-    for i, item in enumerate(spec.inputs):
+    for i, item in enumerate(_list(spec.get("inputs"))):
+        if not isinstance(item, str):
+            continue
         problem = input_problem(root, item)
         if problem:
             add(f, ("spec", "inputs", i), problem)
         elif item in seen:
             add(f, ("spec", "inputs", i), f"input '{item}' is listed twice")
         seen.add(item)
-    if len(set(spec.secrets)) != len(spec.secrets):
+    secrets = [s for s in _list(spec.get("secrets")) if isinstance(s, str)]
+    if len(set(secrets)) != len(secrets):
         add(f, ("spec", "secrets"), "a secret is named twice")
-    _check_staged_paths(root, f, add)
-    env_keys = set(getattr(spec.task, "env", {}) or {})
-    for name in spec.secrets:
-        if name in env_keys:
+    task = spec.get("task")
+    if not isinstance(task, dict):
+        return
+    _check_staged_paths(root, f, spec, task, add)
+    _check_swift_args(f, task, add)
+    env = task.get("env") if task.get("type") == "command" else None
+    for name in secrets:
+        if isinstance(env, dict) and name in env:
             add(f, ("spec", "task", "env", name), f"'{name}' is a secret; remove it from env")
+
+
+def _check_gpus(f, overrides: dict, template: ExecutionTemplate | None, add) -> None:
+    """A GPU type with no GPU, whether the run or its template sets which half.
+
+    The template's own defaults are checked with the template; here the run's override, alone and
+    applied to the template's defaults (what ``resolve.effective`` computes and the planner places).
+    """
+    res = overrides.get("resources")
+    if not isinstance(res, dict):
+        return
+    loc = ("spec", "overrides", "resources")
+    gpu_type, gpu_count = res.get("gpu_type"), res.get("gpu_count")
+    if not isinstance(gpu_type, (str, type(None))) or not (gpu_count is None or type(gpu_count) is int):
+        return  # the schema reports the value
+    if gpu_type and gpu_count == 0:
+        add(f, loc + ("gpu_type",), "gpu_type is set but gpu_count is 0")
+        return
+    if template is None or "resources" not in template.allow_overrides:
+        return  # no template to apply it to, or the override is refused (and reported) already
+    base = template.defaults.resources
+    if gpu_type and gpu_count is None and base.gpu_count == 0:
+        add(f, loc + ("gpu_type",), f"gpu_type is set but the effective gpu_count is 0 (template '{template.id}' "
+                                    "defaults to 0 GPUs): set overrides.resources.gpu_count")
+    elif gpu_type is None and gpu_count == 0 and base.gpu_type:
+        add(f, loc + ("gpu_count",), f"gpu_count is 0 but template '{template.id}' sets gpu_type "
+                                     f"'{base.gpu_type}': a GPU type needs a GPU (override gpu_type too, or use a "
+                                     "template without one)")
 
 
 def input_problem(root: Path, item: str) -> str | None:
@@ -223,7 +400,7 @@ def input_problem(root: Path, item: str) -> str | None:
     return None
 
 
-def _check_staged_paths(root: Path, f, add) -> None:
+def _check_staged_paths(root: Path, f, spec: dict, task: dict, add) -> None:
     """Task values that name staged files (``inputs/...``) must be covered by spec.inputs (or the code pin).
 
     The entrypoint runs from the bundle's root, where ``inputs/<path>`` holds the repository's
@@ -232,23 +409,23 @@ def _check_staged_paths(root: Path, f, add) -> None:
     """
     from ..tasks.swift import bundle_paths
 
-    spec = f.obj.spec
-    task = spec.task
-    if task.type not in ("swift-sft", "swift-rlhf"):
+    if task.get("type") not in ("swift-sft", "swift-rlhf"):
         return
-    code_dir = spec.code.path if spec.code is not None else None
+    inputs = [i for i in _list(spec.get("inputs")) if isinstance(i, str)]
+    code = spec.get("code")
+    code_dir = _text(code.get("path", "code")) if isinstance(code, dict) else None
     if code_dir is not None:
-        for i, item in enumerate(spec.inputs):
+        for item in inputs:
             if item == code_dir or item.startswith(code_dir + "/") or code_dir.startswith(item + "/"):
                 add(f, ("spec", "code", "path"), f"code.path '{code_dir}' overlaps input '{item}' (both go under inputs/)")
     named = bundle_paths(task)
     for loc, value in named:
         rel = value[len("inputs/"):].rstrip("/")
-        covering = [i for i in spec.inputs if rel == i.rstrip("/") or rel.startswith(i.rstrip("/") + "/")]
+        covering = [i for i in inputs if rel == i.rstrip("/") or rel.startswith(i.rstrip("/") + "/")]
         if code_dir is not None and (rel == code_dir or rel.startswith(code_dir + "/")):
             continue
         if not covering:
-            listed = ", ".join(spec.inputs) if spec.inputs else "none"
+            listed = ", ".join(inputs) if inputs else "none"
             add(f, ("spec", "task") + loc, f"'{value}' is not staged: add '{rel}' (or a folder holding it) to "
                                            f"spec.inputs (listed: {listed})")
         elif not os.path.lexists(root / rel):
@@ -256,12 +433,47 @@ def _check_staged_paths(root: Path, f, add) -> None:
                                            f"(input '{covering[0]}' does not hold it)")
     staged = {loc for loc, _ in named}
     for key in ("dataset", "val_dataset"):
-        for i, value in enumerate(getattr(task, key, []) or []):
+        for i, value in enumerate(_list(task.get(key))):
+            if not isinstance(value, str):
+                continue
             path = value.split("#", 1)[0]
             if (key, i) in staged or not path or path.startswith("/"):
                 continue
             if input_problem(root, path) is None and (root / path).is_file():
-                hint = (f"inputs/{path}" if any(path == x or path.startswith(x.rstrip("/") + "/") for x in spec.inputs)
+                hint = (f"inputs/{path}" if any(path == x or path.startswith(x.rstrip("/") + "/") for x in inputs)
                         else f"inputs/{path} and list '{path}' in spec.inputs")
                 add(f, ("spec", "task", key, i), f"'{value}' is a repository file; the run sees staged files under "
                                                  f"inputs/: use {hint}")
+
+
+def _check_swift_args(f, task: dict, add) -> None:
+    """Every ``args`` key must be an argument of the ms-swift command the task runs.
+
+    ms-swift refuses an unknown argument only once the run has started on a machine (and a typo in a
+    rarely read one, say ``lora_dropuot``, may pass unnoticed), so the names are checked here,
+    against the list in ``reconciler/tasks/swift_args.json`` (regenerated from ms-swift itself by
+    ``scripts/swift_args.py``). Keys the model refuses for another reason (managed, typed,
+    renamed) keep that error alone.
+    """
+    from ..tasks.swift import COMMANDS, swift_arguments
+    from .models import SWIFT_MANAGED, SwiftRlhfTask, SwiftSftTask
+
+    command = COMMANDS.get(task.get("type"))
+    args = task.get("args")
+    if command is None or not isinstance(args, dict):
+        return
+    known = swift_arguments(command)
+    model = SwiftSftTask if command == "sft" else SwiftRlhfTask
+    own = set(model.model_fields) | set(SWIFT_MANAGED) | {"train_type"}
+    for key in args:
+        if not isinstance(key, str) or key in known or key in own:
+            continue
+        close = difflib.get_close_matches(key, sorted(known), n=1)
+        others = [c for c in COMMANDS.values() if c != command and key in swift_arguments(c)]
+        if others:
+            hint = f" (it is one of 'swift {others[0]}'; this task runs 'swift {command}')"
+        elif close:
+            hint = f" (did you mean '{close[0]}'?)"
+        else:
+            hint = ""
+        add(f, ("spec", "task", "args", key), f"'{key}' is not an argument of ms-swift's 'swift {command}'{hint}")

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 from ..diagnostics import Diagnostic, relpath
 from . import yamlsafe
 from .checks import secret_values
-from .models import DNS_LABEL, KINDS, ExecutionTemplate, Fleet, Run
+from .models import DNS_LABEL, KINDS, ExecutionTemplate, Fleet, Run, is_dns_label
 
 SPEC_DIRS = ("specs", "execution_templates")
 
@@ -37,7 +37,13 @@ class SpecFile:
     kind: str | None = None
     obj: BaseModel | None = None
     diags: list[Diagnostic] = field(default_factory=list)
-    name_hint: str | None = None  # metadata.name or the file stem, so an invalid Run still has a status
+    # The name an invalid Run's status file gets: metadata.name, else the file stem, whichever is a DNS
+    # label first, else None (no status at all). Never the raw metadata.name: the reconciler writes
+    # status/<name>.yaml, and a name like '../specs/runs/x' or '/etc/x' would write outside status/.
+    name_hint: str | None = None
+    # The parsed mapping, once its kind is known and allowed where the file is: the cross-file checks
+    # read it even when the schema refused the file, so one `validate` shows every problem.
+    data: dict | None = field(default=None, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -197,7 +203,7 @@ def load_file(path: Path, root: Path | None, locator: Locator, cache: SpecCache 
         hit = cache.get(rel, sha)
         if hit is not None:
             return hit
-    f = SpecFile(path, rel, sha, name_hint=path.stem)
+    f = SpecFile(path, rel, sha, name_hint=path.stem if is_dns_label(path.stem) else None)
     _parse_into(f, raw, locator, expect_kind)
     if cache is not None:
         cache.put(f)
@@ -222,13 +228,17 @@ def _parse_into(f: SpecFile, raw: bytes, locator: Locator, expect_kind: str | No
         locator.remember(f.path, located)
         data = located.data
         fast = False
+    # Secrets first and whatever else is wrong: a leaked token must be reported even in a file of an
+    # unknown kind, or one the schema refuses.
+    for loc, message in secret_values(data, text if fast else None):
+        f.diags.append(locator.diag(f, loc, message))
     if not isinstance(data, dict):
         found = {type(None): "an empty document (null)", str: "a string", list: "a list"}.get(type(data), type(data).__name__)
         f.diags.append(Diagnostic(f.rel, 1, 1, f"expected a mapping with apiVersion and kind, found {found}"))
         return
     kind = data.get("kind")
     meta = data.get("metadata")
-    if isinstance(meta, dict) and isinstance(meta.get("name"), str):
+    if isinstance(meta, dict) and is_dns_label(meta.get("name")):
         f.name_hint = meta["name"]
     if not isinstance(kind, str) or kind not in KINDS:
         f.diags.append(locator.diag(f, ("kind",), f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}"
@@ -238,6 +248,7 @@ def _parse_into(f: SpecFile, raw: bytes, locator: Locator, expect_kind: str | No
     if expect_kind and kind != expect_kind:
         f.diags.append(locator.diag(f, ("kind",), f"files under execution_templates/ must be {expect_kind}, not {kind}"))
         return
+    f.data = data
     model = KINDS[kind]
     try:
         obj = model.model_validate(data)
@@ -245,8 +256,6 @@ def _parse_into(f: SpecFile, raw: bytes, locator: Locator, expect_kind: str | No
         obj = None
         for err in e.errors():
             f.diags.append(locator.diag(f, _error_loc(err, model), _message(err, model)))
-    for loc, message in secret_values(data, text if fast else None):
-        f.diags.append(locator.diag(f, loc, message))
     if not f.diags:
         f.obj = obj
 
@@ -287,7 +296,7 @@ class DesiredState:
     runs: dict[str, RunEntry] = field(default_factory=dict)
     templates: dict[str, ExecutionTemplate] = field(default_factory=dict)
     fleets: dict[str, Fleet] = field(default_factory=dict)
-    invalid: dict[str, str] = field(default_factory=dict)  # run name → first message
+    invalid: dict[str, str] = field(default_factory=dict)  # run name (a DNS label, always) → first message
     diagnostics: list[Diagnostic] = field(default_factory=list)
     files: list[SpecFile] = field(default_factory=list)
 
@@ -298,7 +307,11 @@ def run_digest(run: Run) -> str:
 
 
 def load_tree(root: Path, cache: SpecCache | None = None, only: set[Path] | None = None) -> DesiredState:
-    """Load and check the whole repository. ``only`` limits the reported diagnostics to some files."""
+    """Load and check the whole repository.
+
+    ``only`` limits the reported diagnostics to some files (``reconcile validate FILE...``); a name
+    or id one of them shares with another file is then reported against it (see ``cross_checks``).
+    """
     from .checks import cross_checks
 
     locator = Locator()
@@ -310,12 +323,14 @@ def load_tree(root: Path, cache: SpecCache | None = None, only: set[Path] | None
             if p.resolve() not in known:
                 files.append(load_file(p, root, locator, cache, None))
     desired = DesiredState(files=files)
-    cross = cross_checks(root, files, locator)
+    wanted = {relpath(p, root) for p in only} if only is not None else None
+    cross = cross_checks(root, files, locator, given=wanted)
     for f in files:
         diags = f.diags + cross.get(f.rel, [])
         desired.diagnostics.extend(diags)
         if diags or f.obj is None:
-            if f.kind in (None, "Run") and f.rel.startswith("specs" + os.sep) and f.name_hint:
+            # Keyed by a DNS label only (see SpecFile.name_hint): the key becomes status/<key>.yaml.
+            if f.kind in (None, "Run") and f.rel.startswith("specs" + os.sep) and is_dns_label(f.name_hint):
                 desired.invalid.setdefault(f.name_hint, diags[0].text() if diags else "invalid")
             continue
         if isinstance(f.obj, Run):
@@ -324,8 +339,7 @@ def load_tree(root: Path, cache: SpecCache | None = None, only: set[Path] | None
             desired.templates[f.obj.id] = f.obj
         elif isinstance(f.obj, Fleet):
             desired.fleets[f.obj.metadata.name] = f.obj
-    if only is not None:
-        wanted = {relpath(p, root) for p in only}
+    if wanted is not None:
         desired.diagnostics = [d for d in desired.diagnostics if d.path in wanted]
     desired.diagnostics.sort()
     return desired

@@ -17,10 +17,17 @@ API_VERSION = "reconciler/v1"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 SHA1_HEX = re.compile(r"^[0-9a-f]{40}$")
+DNS_LABEL_MAX = 63
 
 OVERRIDABLE = ("target", "resources", "runtime_env", "image", "detach")
 # ms-swift arguments the reconciler sets itself (artifacts location and resume); never in args.
 SWIFT_MANAGED = ("output_dir", "add_version", "resume_from_checkpoint")
+
+
+def is_dns_label(value: Any) -> bool:
+    """What ``Metadata.name`` accepts. Status files are named after runs, so only such a name may
+    ever become part of a path (``fullmatch``: ``$`` alone would let a trailing newline through)."""
+    return isinstance(value, str) and len(value) <= DNS_LABEL_MAX and re.fullmatch(DNS_LABEL, value) is not None
 
 
 class Strict(BaseModel):
@@ -30,7 +37,7 @@ class Strict(BaseModel):
 class Metadata(Strict):
     name: str = Field(
         pattern=DNS_LABEL,
-        max_length=63,
+        max_length=DNS_LABEL_MAX,
         description="DNS label (lowercase letters, digits, '-'); equals the file name without .yaml.",
         examples=["llama-sft-v2"],
     )
@@ -285,7 +292,7 @@ class ExecutionTemplate(Strict):
 
     apiVersion: Literal["reconciler/v1"]
     kind: Literal["ExecutionTemplate"]
-    id: str = Field(pattern=DNS_LABEL, max_length=63, description="Equals the file name without .yaml.")
+    id: str = Field(pattern=DNS_LABEL, max_length=DNS_LABEL_MAX, description="Equals the file name without .yaml.")
     description: str = ""
     placement: Placement
     launch_mode: LaunchMode
@@ -323,7 +330,7 @@ class MachineResources(Strict):
 
 
 class Machine(Strict):
-    name: str = Field(pattern=DNS_LABEL, max_length=63)
+    name: str = Field(pattern=DNS_LABEL, max_length=DNS_LABEL_MAX)
     ssh: SshEndpoint
     resources: MachineResources = Field(default_factory=MachineResources)
     max_tasks: int = Field(1, ge=0, description="0 drains the machine: nothing new starts, running work finishes.")

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import base64
 import os
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from reconciler.spec import load
-from reconciler.spec.checks import MAYBE_SECRET, input_problem, secret_values
+from reconciler.spec.checks import MAYBE_SECRET, host_key_problem, input_problem, secret_values
 from reconciler.spec.load import Locator, SpecCache, dotted, load_file, load_tree, run_digest
+from reconciler.spec.models import DNS_LABEL
 from tests.spec.helpers import TEMPLATE, run_text, write
 
 FLEET = """\
@@ -217,3 +222,118 @@ def test_secret_prefilter_skips_secret_names() -> None:
     assert MAYBE_SECRET.search("spec:\n  secrets: [HF_TOKEN, WANDB_API_KEY]\n") is None
     assert MAYBE_SECRET.search("env: {HF_TOKEN: x}") and MAYBE_SECRET.search("env: {hf_token: x}")
     assert MAYBE_SECRET.search("note: hf_abc") and not MAYBE_SECRET.search("note: HF_abc")
+
+
+# ---------------------------------------------------------------- invalid runs: the name of their status file
+
+CORPUS = Path(__file__).parent / "corpus"
+
+
+@pytest.mark.parametrize("case, keys", [
+    ("dns-name-path-traversal", {"traversal"}),  # metadata.name '../specs/runs/ok': the file stem instead
+    ("dns-name-absolute-path", set()),           # '/etc/x' in Abs_Name.yaml: neither is a DNS label
+    ("dns-name-non-ascii", {"resume"}),          # 'résumé' in resume.yaml
+    ("dns-name-over-63", {"long-name"}),         # 64 characters in long-name.yaml
+    ("dns-name-too-long", set()),                # 64 characters, and the file is named so too
+    ("dns-name-uppercase", set()),               # 'MyRun' in MyRun.yaml
+])
+def test_invalid_run_keys_are_dns_labels(case: str, keys: set[str]) -> None:
+    """desired.invalid's keys become status/<key>.yaml: a raw metadata.name there wrote outside status/."""
+    d = load_tree(CORPUS / case)
+    assert set(d.invalid) == keys
+    for key in d.invalid:
+        assert re.fullmatch(DNS_LABEL, key) and len(key) <= 63, key
+    assert d.diagnostics  # the file is still reported, status or not
+
+
+def test_invalid_run_key_is_never_a_path_or_a_line(repo: Path) -> None:
+    for i, name in enumerate(['"../specs/runs/a"', "/etc/passwd", '"ok\\n"', '"a/b"', "..", "-x", "x" * 64, "Ω"]):
+        write(repo, f"specs/runs/bad{i}.yaml", run_text("x").replace("name: x", f"name: {name}"))
+    write(repo, "specs/runs/Not_A_Label.yaml", run_text("x").replace("name: x", 'name: "../../etc/x"'))
+    write(repo, "specs/runs/stem ok.yaml", "kind: Run\nmetadata: {name: [1]}\n")
+    d = load_tree(repo)
+    assert set(d.invalid) == {f"bad{i}" for i in range(8)}
+    assert set(d.runs) == {"a", "b"}
+    assert {x.path for x in d.diagnostics} >= {"specs/runs/Not_A_Label.yaml", "specs/runs/stem ok.yaml"}
+
+
+# ---------------------------------------------------------------- a schema error hides nothing else
+
+
+def test_a_template_the_schema_refuses_still_gets_its_checks(repo: Path) -> None:
+    write(repo, "execution_templates/box.yaml", TEMPLATE.replace("id: local-host", "id: boxx")
+          .replace("host_process", "docker") + "bogus: 1\n")
+    d = load_tree(repo)
+    got = sorted((x.line, x.col, x.message) for x in d.diagnostics)
+    assert got == [(3, 1, "id: id 'boxx' must equal the file name 'box'"),
+                   (6, 1, "launch_mode: docker launches need defaults.image (or allow_overrides: [image])"),
+                   (9, 1, "bogus: unknown key 'bogus'")]
+
+
+def test_a_run_the_schema_refuses_still_gets_its_checks(repo: Path) -> None:
+    write(repo, "specs/runs/c.yaml", run_text("c", template="nope").replace("name: c", "name: cc")
+          + "  inputs: [missing.txt, missing.txt]\n  secrets: [A, A]\n  bogus: 1\n")
+    d = load_tree(repo)
+    got = sorted((x.line, x.col, x.message) for x in d.diagnostics)
+    assert got == [(4, 3, "metadata.name: name 'cc' must equal the file name 'c'"),
+                   (6, 3, "spec.template: template 'nope' not found (known: local-host)"),
+                   (10, 12, "spec.inputs[0]: input 'missing.txt' does not exist in the repository"),
+                   (10, 25, "spec.inputs[1]: input 'missing.txt' does not exist in the repository"),
+                   (11, 3, "spec.secrets: a secret is named twice"),
+                   (12, 3, "spec.bogus: unknown key 'bogus'")]
+    assert set(d.invalid) == {"cc"}
+
+
+def test_a_file_of_unknown_kind_is_still_searched_for_secrets(repo: Path) -> None:
+    write(repo, "specs/misc/job.yaml", "kind: Job\nenv:\n  note: ghp_" + "a" * 36 + "\n")
+    write(repo, "specs/misc/list.yaml", "- hf_" + "b" * 30 + "\n")
+    write(repo, "specs/misc/scalar.yaml", "hf_short: no, a string\n".replace(":", ""))
+    d = load_tree(repo)
+    assert [(x.path, x.line, x.col, x.message.split(";")[0]) for x in d.diagnostics] == [
+        ("specs/misc/job.yaml", 1, 1, "kind: unknown kind 'Job'"),
+        ("specs/misc/job.yaml", 3, 3, "env.note: this value looks like a credential"),
+        ("specs/misc/list.yaml", 1, 1, "expected a mapping with apiVersion and kind, found a list"),
+        ("specs/misc/list.yaml", 1, 3, "[0]: this value looks like a credential"),
+        ("specs/misc/scalar.yaml", 1, 1, "expected a mapping with apiVersion and kind, found a string")]
+
+
+# ---------------------------------------------------------------- pinned host keys
+
+
+def _keygen(tmp: Path, *args: str) -> str:
+    key = tmp / f"k{len(list(tmp.iterdir()))}"
+    subprocess.run(["ssh-keygen", "-q", "-N", "", "-C", "someone@host", "-f", str(key), *args], check=True,
+                   capture_output=True)
+    return key.with_suffix(".pub").read_text().strip()
+
+
+@pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="needs ssh-keygen (openssh-client)")
+def test_host_keys_from_ssh_keygen_pass(tmp_path: Path) -> None:
+    lines = [_keygen(tmp_path, "-t", "ed25519"), _keygen(tmp_path, "-t", "rsa", "-b", "2048"),
+             _keygen(tmp_path, "-t", "ecdsa", "-b", "256"), _keygen(tmp_path, "-t", "ecdsa", "-b", "384"),
+             _keygen(tmp_path, "-t", "ecdsa", "-b", "521")]
+    for line in lines:
+        kind, data = line.split()[:2]
+        assert host_key_problem(line) is None, line  # with the .pub comment
+        assert host_key_problem(f"{kind} {data}") is None
+        assert "not an SSH public key (truncated?)" in host_key_problem(f"{kind} {data[:-8]}")
+        assert "not valid base64" in host_key_problem(f"{kind} {data[:-1]}")
+    ed_data = lines[0].split()[1]
+    assert host_key_problem(f"ssh-rsa {ed_data}") == "the key data holds a 'ssh-ed25519' key, but the line says 'ssh-rsa'"
+    ec256 = lines[2].split()[1]
+    assert "holds a 'ecdsa-sha2-nistp256' key" in host_key_problem(f"ecdsa-sha2-nistp384 {ec256}")
+
+
+def test_host_key_security_key_types_and_refusals() -> None:
+    def blob(*fields: bytes) -> str:
+        return base64.b64encode(b"".join(len(x).to_bytes(4, "big") + x for x in fields)).decode()
+
+    assert host_key_problem("sk-ssh-ed25519@openssh.com " + blob(b"sk-ssh-ed25519@openssh.com", b"k" * 32, b"ssh:")) is None
+    sk_ec = "sk-ecdsa-sha2-nistp256@openssh.com"
+    assert host_key_problem(f"{sk_ec} " + blob(sk_ec.encode(), b"nistp256", b"\x04" + b"p" * 64, b"ssh:")) is None
+    assert "truncated or malformed" in host_key_problem(f"{sk_ec} " + blob(sk_ec.encode(), b"nistp384", b"q", b"ssh:"))
+    assert "truncated or malformed" in host_key_problem("ssh-ed25519 " + blob(b"ssh-ed25519", b"k" * 31))
+    assert "truncated or malformed" in host_key_problem("ssh-ed25519 " + blob(b"ssh-ed25519", b"k" * 32, b"extra"))
+    assert host_key_problem("ssh-dss AAAA").startswith("unknown key type 'ssh-dss'")
+    assert host_key_problem("ssh-ed25519").startswith("'ssh-ed25519' without its key data")
+    assert host_key_problem("host.example ssh-ed25519 AAAA").startswith("starts with 'host.example', a known_hosts host field")
