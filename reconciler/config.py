@@ -52,6 +52,11 @@ class Config(BaseModel):
     webhook_secret: str | None = None
     log_format: Literal["text", "json"] = "text"
     push_retries: int = 5
+    # /healthz: unhealthy after this many fetches, pushes or passes failed in a row (one blip of
+    # the network is not an outage; three polls are), or when the last good pass is older than
+    # health_max_pass_age seconds (None: max(60, 3 x resync_interval), plus the last pass's duration).
+    health_max_failures: int = Field(3, ge=1)
+    health_max_pass_age: float | None = Field(None, gt=0)
     _namespace: str | None = PrivateAttr(default=None)
 
     def redacted(self) -> dict[str, Any]:

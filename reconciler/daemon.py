@@ -19,6 +19,17 @@ what the machines report (the plan adopts a running instance it has no status fo
 Signals: SIGTERM and SIGINT finish the current pass, push, and exit 0 (a second one exits at
 once, which is as safe as a crash); SIGHUP re-reads the configuration file.
 
+Health: a daemon whose process is up can still be useless (the remote unreachable, a push that
+keeps failing, passes that keep raising). ``/healthz`` therefore answers from the record of the
+last fetches, pushes and passes (``Metrics.tracks``): 503, naming what fails, once one of them
+failed ``health_max_failures`` times in a row or the last good pass is older than
+``health_max_pass_age``; 200 again as soon as they succeed. A single failure is not an outage
+(a fetch that times out once is retried at the next poll), hence the threshold.
+
+Logging: one handler on the root logger, so the records of libraries (paramiko, git, warnings)
+come out in the same format as ours: with ``log_format: json`` every line on stderr is one JSON
+object, which is what a log shipper that parses the journal needs.
+
 Test hooks (for the crash-safety tests; never set them in production):
 ``RECONCILER_TEST_CRASH_AFTER=apply`` exits with 137 right after apply, before status is written
 (in ``loop.py``); ``=commit`` exits with 137 after the local status commit, before the push.
@@ -42,8 +53,8 @@ from pathlib import Path
 from . import config as configs
 from . import gitops
 from . import status as statuses
-from .errors import UsageError
-from .metrics import Metrics
+from .errors import ReconcilerError, UsageError
+from .metrics import KINDS, Metrics
 
 log = logging.getLogger("reconciler.daemon")
 
@@ -56,8 +67,18 @@ MIN_WAKE = 0.2  # never spin: the shortest sleep between two passes asked for by
 # ---------------------------------------------------------------- logging
 
 
+# The keys every JSON line has (exc and stack when the record carries them). A structured field
+# with one of these names is kept as "field_<name>": renaming it keeps both the envelope and the data.
+ENVELOPE = ("ts", "level", "msg", "logger", "exc", "stack")
+FIELD_PREFIX = "field_"
+
+
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, msg, then the record's structured fields."""
+    """One JSON object per line: ts, level, msg, logger, then the record's structured fields.
+
+    Records from any logger come here (the handler is on the root logger): a library's message is
+    ``msg``, its logger's name ``logger``, and a traceback ``exc``, all inside the one object, so
+    a multi-line message or traceback never breaks the one-object-per-line contract."""
 
     def format(self, record: logging.LogRecord) -> str:
         ts = datetime.fromtimestamp(record.created, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
@@ -65,16 +86,23 @@ class JsonFormatter(logging.Formatter):
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
             for k, v in fields.items():
-                data.setdefault(k, v)
+                key = str(k)
+                while key in data or key in ENVELOPE:  # never drop a field, never overwrite the envelope
+                    key = FIELD_PREFIX + key
+                data[key] = v
         if record.exc_info:
             data["exc"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            data["stack"] = self.formatStack(record.stack_info)
         return json.dumps(data, default=str, ensure_ascii=False)
 
 
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         ts = datetime.fromtimestamp(record.created, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        line = f"{ts} {record.levelname:<7} {record.getMessage()}"
+        # Our own lines need no logger name; a library's does (which one complained matters).
+        who = "" if record.name == "reconciler" or record.name.startswith("reconciler.") else f"[{record.name}] "
+        line = f"{ts} {record.levelname:<7} {who}{record.getMessage()}"
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
             for k, v in fields.items():
@@ -83,25 +111,68 @@ class TextFormatter(logging.Formatter):
                 line += f" {k}={v}"
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
+        if record.stack_info:
+            line += "\n" + self.formatStack(record.stack_info)
         return line
 
 
 _HANDLER: logging.Handler | None = None
 
 
+def _writes_to_stderr(h: logging.Handler) -> bool:
+    return type(h) is logging.StreamHandler and getattr(h, "stream", None) in (sys.stderr, sys.__stderr__)
+
+
 def setup_logging(fmt: str) -> None:
+    """Route every logger, ours and every library's, to one stderr handler with one format.
+
+    The handler sits on the root logger, so a library's records (paramiko's transport errors,
+    GitPython, ``warnings.warn`` through ``py.warnings``) are formatted like ours instead of being
+    printed raw by Python's last-resort handler. Libraries log at WARNING and above (their INFO
+    is chatter such as paramiko's "Connected (version ...)"); ``reconciler.*`` at
+    ``RECONCILER_LOG_LEVEL``. Other plain stderr handlers already installed are removed, so no
+    line is printed twice. Uncaught exceptions, in the main thread or another, are logged too.
+    Called again (SIGHUP), it only changes the format and the level.
+    """
     global _HANDLER
-    root = logging.getLogger("reconciler")
+    root = logging.getLogger()
+    ours = logging.getLogger("reconciler")
     if _HANDLER is None:
+        for lg in [root, *(x for x in root.manager.loggerDict.values() if isinstance(x, logging.Logger))]:
+            for h in list(lg.handlers):
+                if _writes_to_stderr(h):
+                    lg.removeHandler(h)
         _HANDLER = logging.StreamHandler(sys.stderr)
         root.addHandler(_HANDLER)
-        root.propagate = False
+        ours.propagate = True  # through the root's handler, once
+        logging.captureWarnings(True)  # warnings.warn → the py.warnings logger → this handler
+        sys.excepthook = _log_uncaught
+        threading.excepthook = _log_uncaught_in_thread
     _HANDLER.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    level = os.environ.get("RECONCILER_LOG_LEVEL", "INFO").upper()
-    root.setLevel(getattr(logging, level, logging.INFO))
+    level = getattr(logging, os.environ.get("RECONCILER_LOG_LEVEL", "INFO").upper(), logging.INFO)
+    if not isinstance(level, int):
+        level = logging.INFO
+    ours.setLevel(level)
+    root.setLevel(max(level, logging.WARNING))
 
 
-def event(level: int, msg: str, **fields) -> None:
+def _log_uncaught(exc_type, exc, tb) -> None:
+    if issubclass(exc_type, KeyboardInterrupt):
+        sys.__excepthook__(exc_type, exc, tb)
+        return
+    log.critical("uncaught exception", exc_info=(exc_type, exc, tb))
+
+
+def _log_uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
+    if issubclass(args.exc_type, SystemExit):
+        return
+    log.error("uncaught exception in a thread", exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+              extra={"fields": {"thread": args.thread.name if args.thread is not None else None}})
+
+
+def event(level: int, msg: str, /, **fields) -> None:
+    """A structured log line. Any field name is allowed (``level``, ``msg`` and ``ts`` too: in JSON
+    they are written as ``field_level`` and so on, beside the envelope's own keys)."""
     log.log(level, msg, extra={"fields": fields})
 
 
@@ -143,6 +214,7 @@ class Daemon:
         self.server = None
         self.in_pass = False
         self.pending_rebase_pass = False
+        self._failing: tuple[str, ...] | None = None  # what failed at the last look (None: still starting)
 
     # -------- requests from other threads (and signal handlers)
 
@@ -195,18 +267,23 @@ class Daemon:
         t0 = time.perf_counter()
         try:
             upstream = self.remote.fetch()
-            self.metrics.count("fetches", "ok")
         except gitops.GitError as e:
-            self.metrics.count("fetches", "error")
-            event(logging.WARNING, "fetch failed; reconciling the local checkout", error=str(e))
+            self.metrics.outcome("fetch", False, time.time(), str(e))
+            event(logging.WARNING, "fetch failed; reconciling the local checkout", error=str(e),
+                  failures=self.metrics.tracks["fetch"].consecutive_failures)
             return False
         if upstream is None:
+            self.metrics.outcome("fetch", True, time.time())
             return False
         try:
             res = self.remote.integrate()
         except gitops.GitError as e:
-            event(logging.ERROR, "could not update the checkout from the remote", error=str(e))
+            # Fetched, but the checkout still shows the old state: as bad as a failed fetch.
+            self.metrics.outcome("fetch", False, time.time(), f"could not update the checkout from the remote: {e}")
+            event(logging.ERROR, "could not update the checkout from the remote", error=str(e),
+                  failures=self.metrics.tracks["fetch"].consecutive_failures)
             return False
+        self.metrics.outcome("fetch", True, time.time())
         if res.action == "reset":
             self.metrics.inc("rebase_resets")
             event(logging.WARNING, "rebasing status commits onto the remote failed: took the remote's status/; "
@@ -227,15 +304,15 @@ class Daemon:
             self._test_hold_push()
             try:
                 self.remote.push()
-                self.metrics.count("pushes", "ok")
+                self.metrics.outcome("push", True, time.time())
                 event(logging.INFO, "pushed status", head=(gitops.head(self.rec.repo) or "")[:12],
                       branch=self.remote.branch, retries=attempt)
                 return True
             except gitops.PushRejected as e:
                 if attempt >= retries:
-                    self.metrics.count("pushes", "error")
+                    self.metrics.outcome("push", False, time.time(), f"rejected after {attempt} retries: {e}")
                     event(logging.ERROR, "push rejected; giving up until the next pass", error=str(e),
-                          retries=attempt)
+                          retries=attempt, failures=self.metrics.tracks["push"].consecutive_failures)
                     return False
                 self.metrics.inc("push_retries")
                 delay = min(0.1 * 2 ** attempt, 5.0)
@@ -246,8 +323,9 @@ class Daemon:
                     # New commits from the remote may change desired state: look again soon.
                     self.pending_rebase_pass = True
             except gitops.GitError as e:
-                self.metrics.count("pushes", "error")
-                event(logging.ERROR, "push failed; will retry after the next pass", error=str(e))
+                self.metrics.outcome("push", False, time.time(), str(e))
+                event(logging.ERROR, "push failed; will retry after the next pass", error=str(e),
+                      failures=self.metrics.tracks["push"].consecutive_failures)
                 return False
         return False
 
@@ -316,18 +394,65 @@ class Daemon:
 
     # -------- health
 
+    def max_pass_age(self) -> float:
+        """How old the last good pass may be; by default three resyncs, and never under a minute."""
+        return self.cfg.health_max_pass_age or max(60.0, 3 * self.cfg.resync_interval)
+
     def health(self) -> tuple[bool, dict]:
+        """The verdict of /healthz and its reasons (see the module docstring). Runs on the HTTP thread."""
         snap = self.metrics.snapshot()
         now = time.time()
-        stale_after = max(60.0, 3 * self.cfg.resync_interval) + snap["last_duration"]
+        cfg = self.cfg
+        limit = max(1, cfg.health_max_failures)
+        stale_after = self.max_pass_age() + snap["last_duration"]  # a long pass is not a stale one
+        remote = self.remote
+        # Without a remote nothing is fetched or pushed; with push: false nothing is pushed.
+        enabled = {"fetch": remote is not None, "push": remote is not None and cfg.push, "pass": True}
+        checks: dict[str, dict] = {}
+        problems: list[str] = []
+        for kind in KINDS:
+            t = snap["tracks"][kind]
+            bad = enabled[kind] and t["consecutive_failures"] >= limit
+            if bad:
+                problems.append(f"{kind}: failed {t['consecutive_failures']} time(s) in a row "
+                                f"(health_max_failures {limit}): {t['last_error']}")
+            checks[kind] = {"ok": not bad, "enabled": enabled[kind],
+                            "consecutive_failures": t["consecutive_failures"], "failures": t["failures"],
+                            "last_success_at": t["last_success"] or None, "last_failure_at": t["last_failure"] or None,
+                            "last_error": t["last_error"] or None}
         age = now - snap["last_good_pass"] if snap["last_good_pass"] else None
-        last_ok = snap["last_pass"] > 0 and snap["last_pass"] == snap["last_good_pass"]
-        ok = age is not None and age <= stale_after and last_ok
-        return ok, {"ok": ok, "last_pass_at": snap["last_pass"] or None,
+        if age is None:
+            problems.append("pass: no pass has succeeded yet")
+        elif age > stale_after:
+            problems.append(f"pass: the last good pass ended {age:.0f}s ago (more than {stale_after:.0f}s)")
+        checks["pass"].update(ok=checks["pass"]["ok"] and age is not None and age <= stale_after,
+                              last_success_age_seconds=round(age, 3) if age is not None else None,
+                              max_age_seconds=stale_after)
+        failing = [k for k in KINDS if not checks[k]["ok"]]
+        ok = not failing
+        return ok, {"ok": ok, "failing": failing, "problems": problems, "checks": checks,
+                    "health_max_failures": limit, "last_pass_at": snap["last_pass"] or None,
                     "last_good_pass_at": snap["last_good_pass"] or None,
                     "last_good_pass_age_seconds": round(age, 3) if age is not None else None,
                     "stale_after_seconds": stale_after, "last_error": snap["last_error"] or None,
                     "passes": snap["passes"], "in_pass": self.in_pass, "pid": os.getpid()}
+
+    def _note_health(self) -> None:
+        """Log when the verdict or what fails changes, so the journal says when an outage began,
+        what it grew to, and when it ended."""
+        ok, data = self.health()
+        failing = tuple(data["failing"])
+        if self._failing is None:
+            if ok:  # not "unhealthy" while starting: that is what a first pass is for
+                self._failing = ()
+            return
+        if failing != self._failing:
+            was_ok, self._failing = not self._failing, failing
+            if ok:
+                event(logging.INFO, "healthy again")
+            else:
+                event(logging.WARNING, "unhealthy" if was_ok else "still unhealthy", failing=data["failing"],
+                      problems=data["problems"])
 
     # -------- threads
 
@@ -351,7 +476,8 @@ class Daemon:
             self.metrics.count("webhooks", "refused")
             event(logging.WARNING, "webhook refused", reason=why)
 
-        ep = httpd.Endpoints(self.health, self.metrics.exposition, on_push, lambda: self.cfg.webhook_secret, on_refused)
+        ep = httpd.Endpoints(self.health, lambda: self.metrics.exposition(healthy=self.health()[0]), on_push,
+                             lambda: self.cfg.webhook_secret, on_refused)
         try:
             self.server = httpd.make_server(self.cfg.listen, ep)
         except (OSError, ValueError) as e:
@@ -451,6 +577,7 @@ class Daemon:
                     why.add("remote change")
                 if self.remote is not None and self.cfg.push and self.remote.ahead():
                     self.push()  # left over from an earlier failure
+                self._note_health()
             if self.pending_rebase_pass:
                 self.pending_rebase_pass = False
                 why.add("remote change")
@@ -470,6 +597,7 @@ class Daemon:
                     next_retry = after + max(MIN_WAKE, retry_after)
                 else:
                     next_retry = float("inf")
+                self._note_health()
                 continue  # requests that arrived during the pass are served at once
             if self._stopping:
                 break
@@ -491,4 +619,12 @@ def main(args: argparse.Namespace) -> int:
             and not (cfg.repo / ".git").exists():
         raise UsageError(f"{cfg.repo}: not a repository with specs/ or execution_templates/ (use --repo DIR)")
     setup_logging(cfg.log_format)
-    return Daemon(cfg, getattr(args, "config", None), {k: v for k, v in flags.items() if v is not None}).run()
+    try:
+        return Daemon(cfg, getattr(args, "config", None), {k: v for k, v in flags.items() if v is not None}).run()
+    except ReconcilerError as e:
+        if cfg.log_format != "json":
+            raise  # the command line prints it as "reconcile: ...", as for every command
+        # JSON logs: even the reason the daemon cannot start (the lock is held, the port is taken)
+        # is one JSON line, like everything else this process writes to stderr.
+        event(logging.ERROR, "daemon not started", error=str(e))
+        return 2 if isinstance(e, UsageError) else 1

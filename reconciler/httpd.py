@@ -5,6 +5,10 @@ GitHub's: ``X-Hub-Signature-256: sha256=<hex HMAC-SHA256 of the raw body>`` with
 compared in constant time. A bad or missing signature gets 401 and triggers nothing; without a
 configured secret the webhook is off (403). A good one asks the loop for an immediate fetch and
 pass and returns 202 at once: the pass runs on the loop's thread, never on the request's.
+
+``/healthz`` answers 200 or 503 with a JSON body (the daemon decides: what fails, since when);
+``/metrics`` the Prometheus text format. Nothing here writes to stderr itself: request lines and
+handler errors go to the ``reconciler.http`` logger, so JSON logs stay one object per line.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import hashlib
 import hmac
 import json
 import logging
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
@@ -43,6 +48,20 @@ class Endpoints:
                  on_push: Callable[[dict], None], secret: Callable[[], str | None],
                  on_refused: Callable[[str], None] = lambda why: None):
         self.health, self.metrics, self.on_push, self.secret, self.on_refused = health, metrics, on_push, secret, on_refused
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:  # noqa: ARG002
+        # socketserver prints the traceback straight to stderr; log it instead. A client that
+        # hangs up mid-answer is routine, not an error.
+        exc = sys.exc_info()[1]
+        client = client_address[0] if isinstance(client_address, tuple) and client_address else str(client_address)
+        if isinstance(exc, (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, TimeoutError)):
+            log.debug("http: client went away", extra={"fields": {"client": client, "error": str(exc)}})
+            return
+        log.error("http: error while answering a request", exc_info=True, extra={"fields": {"client": client}})
 
 
 def make_server(listen: str, ep: Endpoints) -> ThreadingHTTPServer:
@@ -110,9 +129,7 @@ def make_server(listen: str, ep: Endpoints) -> ThreadingHTTPServer:
             self._json(202, {"accepted": True})
 
     host, port = parse_listen(listen)
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    return server
+    return _Server((host, port), Handler)
 
 
 def serve_in_thread(server: ThreadingHTTPServer) -> threading.Thread:

@@ -2,12 +2,18 @@
 
 Counters, gauges and one histogram, kept in memory under a lock: the HTTP thread reads them while
 the loop thread writes them. No dependency: the format is a few lines of text per metric.
+
+The three things that can keep failing while the process stays up, a fetch, a push and a pass,
+are each tracked the same way (``Track``): consecutive failures, last success, last failure and
+its error. ``/healthz`` is computed from them (daemon.py), and the same figures are exported, so
+an alert on the metrics and the health check agree.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+from dataclasses import dataclass
 
 PASS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
@@ -31,6 +37,40 @@ def _num(v: float) -> str:
     return repr(float(v))
 
 
+# What the daemon does over and over that can fail without stopping it: each has a health check.
+KINDS = ("fetch", "push", "pass")
+# The older per-kind result counters, kept as they were: reconciler_fetches_total{result} and so on.
+_RESULT_TABLES = {"fetch": "fetches", "push": "pushes", "pass": "passes"}
+
+
+@dataclass
+class Track:
+    """One kind's recent record. Timestamps are Unix seconds; 0 means never."""
+
+    consecutive_failures: int = 0
+    failures: int = 0
+    successes: int = 0
+    last_success: float = 0.0
+    last_failure: float = 0.0
+    last_error: str = ""
+
+    def record(self, ok: bool, at: float, error: str = "") -> None:
+        if ok:
+            self.successes += 1
+            self.consecutive_failures = 0
+            self.last_success = at
+        else:
+            self.failures += 1
+            self.consecutive_failures += 1
+            self.last_failure = at
+            self.last_error = error[:500]
+
+    def as_dict(self) -> dict:
+        return dict(consecutive_failures=self.consecutive_failures, failures=self.failures,
+                    successes=self.successes, last_success=self.last_success, last_failure=self.last_failure,
+                    last_error=self.last_error)
+
+
 class Metrics:
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -50,10 +90,22 @@ class Metrics:
         self.last_pass = 0.0
         self.last_error = ""
         self.last_duration = 0.0
+        self.tracks: dict[str, Track] = {k: Track() for k in KINDS}
+
+    def outcome(self, kind: str, ok: bool, at: float, error: str = "") -> None:
+        """A fetch or a push ended (passes go through observe_pass, which calls this too)."""
+        with self._lock:
+            self._outcome(kind, ok, at, error)
+
+    def _outcome(self, kind: str, ok: bool, at: float, error: str) -> None:
+        self.tracks[kind].record(ok, at, error)
+        table = getattr(self, _RESULT_TABLES[kind])
+        key = "ok" if ok else "error"
+        table[key] = table.get(key, 0) + 1
 
     def observe_pass(self, ok: bool, duration: float, at: float, error: str = "") -> None:
         with self._lock:
-            self.passes["ok" if ok else "error"] += 1
+            self._outcome("pass", ok, at, error)
             for i, b in enumerate(PASS_BUCKETS):
                 if duration <= b:
                     self.buckets[i] += 1
@@ -82,9 +134,11 @@ class Metrics:
     def snapshot(self) -> dict:
         with self._lock:
             return {"last_pass": self.last_pass, "last_good_pass": self.last_good_pass, "last_error": self.last_error,
-                    "last_duration": self.last_duration, "passes": dict(self.passes)}
+                    "last_duration": self.last_duration, "passes": dict(self.passes),
+                    "tracks": {k: t.as_dict() for k, t in self.tracks.items()}}
 
-    def exposition(self) -> str:
+    def exposition(self, healthy: bool | None = None) -> str:
+        """The text format. ``healthy``: the verdict of /healthz at this moment, exported as a gauge."""
         with self._lock:
             out: list[str] = []
 
@@ -121,4 +175,19 @@ class Metrics:
                    [({}, self.rebase_resets)])
             metric("reconciler_last_good_pass_timestamp_seconds", "gauge",
                    "Unix time at which the last successful pass ended (0: none yet).", [({}, self.last_good_pass)])
+            kinds = [(k, self.tracks[k]) for k in KINDS]
+            metric("reconciler_consecutive_failures", "gauge",
+                   "Failures in a row of fetch, push and pass (0 once one succeeds); /healthz compares it "
+                   "with health_max_failures.", [({"kind": k}, t.consecutive_failures) for k, t in kinds])
+            metric("reconciler_failures_total", "counter", "Failed fetches, pushes and passes.",
+                   [({"kind": k}, t.failures) for k, t in kinds])
+            metric("reconciler_last_success_timestamp_seconds", "gauge",
+                   "Unix time of the last successful fetch, push and pass (0: none yet).",
+                   [({"kind": k}, t.last_success) for k, t in kinds])
+            metric("reconciler_last_failure_timestamp_seconds", "gauge",
+                   "Unix time of the last failed fetch, push and pass (0: none yet).",
+                   [({"kind": k}, t.last_failure) for k, t in kinds])
+            if healthy is not None:
+                metric("reconciler_healthy", "gauge", "1 when /healthz answers 200, 0 when it answers 503.",
+                       [({}, 1 if healthy else 0)])
             return "\n".join(out) + "\n"
