@@ -24,6 +24,8 @@ from .plan import LOCAL, Change, Plan
 from .spec.load import DesiredState
 from .spec.resolve import effective
 
+CRASH_HOOK = "RECONCILER_TEST_CRASH_AFTER"  # crash-safety tests only: "stage" dies right after staging
+
 
 @dataclass
 class Outcome:
@@ -37,6 +39,7 @@ class Outcome:
     workspace: str | None = None
     manifest: dict | None = None
     killed: list[str] = field(default_factory=list)
+    side: bool = False  # a fence or a leftover's collection: not the run's own change, not its status
 
 
 @dataclass
@@ -44,7 +47,7 @@ class ApplyContext:
     repo: Path
     desired: DesiredState
     transport_for: Callable[[str], object]
-    spec_commit: str | None
+    spec_commit: str | None  # HEAD at launch (the bundle's repo_head); None outside git
     terminate_grace: float = 10.0
     remote_cleanup: str = "after_collect"
     parallel: int = 8
@@ -78,7 +81,7 @@ def apply(plan: Plan, ctx: ApplyContext) -> list[Outcome]:
 
 
 def _one(c: Change, ctx: ApplyContext) -> Outcome:
-    out = Outcome(c.name, c.action, machine=c.machine)
+    out = Outcome(c.name, c.action, machine=c.machine, side=c.phase is None)
     try:
         for k in c.kill:
             t = ctx.transport_for(k.machine)
@@ -87,6 +90,8 @@ def _one(c: Change, ctx: ApplyContext) -> Outcome:
             if done.get("error"):
                 raise TemporaryError(f"cannot stop {k.identity} on {k.machine}: {done['error']}")
             out.killed.append(k.identity)
+        if c.action == "terminate" and c.phase == "Terminated":
+            _collect_stopped(c, ctx, out)
         if c.collect_first is not None:
             f = c.collect_first
             try:
@@ -108,19 +113,7 @@ def _one(c: Change, ctx: ApplyContext) -> Outcome:
 
 def _launch(c: Change, ctx: ApplyContext, out: Outcome) -> None:
     entry = ctx.desired.runs[c.name]
-    template = ctx.desired.templates[entry.run.spec.template]
-    eff = effective(entry.run, template)
-    t = ctx.transport_for(c.machine)
-    local_dir = ctx.local_dir(c.machine, c.identity, t.workspace(c.identity))
-    python = eff.python or ctx.machine_python(c.machine)
-    resume = _resume_path(t, c) if c.resume_from and entry.run.spec.task.type != "command" else None
-    req = bundles.BundleRequest(
-        repo_root=ctx.repo, identity=c.identity, run=entry.run, spec_digest=entry.digest, spec_commit=ctx.spec_commit,
-        template=template, effective=eff, machine=c.machine, gpus=c.gpus, python=python, resume_from=resume,
-        spec_source_commit=provenance.last_commit(ctx.repo, entry.rel) if ctx.spec_commit else None,
-    )
-    b = bundles.build(req, local_dir)
-    ws = t.stage(b.path, c.identity)
+    # Secrets first: a launch that cannot start must leave nothing behind on the machine.
     secrets = {}
     missing = []
     for name in entry.run.spec.secrets:
@@ -131,8 +124,24 @@ def _launch(c: Change, ctx: ApplyContext, out: Outcome) -> None:
             secrets[name] = value
     if missing:
         raise TemporaryError(f"secret(s) {', '.join(missing)} not set on the reconciler host")
+    template = ctx.desired.templates[entry.run.spec.template]
+    eff = effective(entry.run, template)
+    t = ctx.transport_for(c.machine)
+    local_dir = ctx.local_dir(c.machine, c.identity, t.workspace(c.identity))
+    python = eff.python or ctx.machine_python(c.machine)
+    resume = _resume_path(t, c) if c.resume_from and entry.run.spec.task.type != "command" else None
+    req = bundles.BundleRequest(
+        repo_root=ctx.repo, identity=c.identity, run=entry.run, spec_digest=entry.digest, repo_head=ctx.spec_commit,
+        template=template, effective=eff, machine=c.machine, gpus=c.gpus, python=python, resume_from=resume,
+        spec_commit=provenance.last_commit(ctx.repo, entry.rel) if ctx.spec_commit else None,
+    )
+    b = bundles.build(req, local_dir)
+    ws = t.stage(b.path, c.identity, entry.digest)
+    if os.environ.get(CRASH_HOOK) == "stage":
+        os._exit(137)  # test hook: die like kill -9 between staging and starting
     spec = LaunchSpec(identity=c.identity, run_name=c.name, workspace=ws, launch_mode=eff.launch_mode,
-                      image=eff.image, network=eff.network, pull=eff.pull, gpus=c.gpus, secrets=secrets)
+                      image=eff.image, network=eff.network, pull=eff.pull, gpus=c.gpus, secrets=secrets,
+                      spec_digest=entry.digest)
     out.launched = launchers.launch(t, spec)
     out.workspace = ws
 
@@ -160,12 +169,37 @@ def _resume_path(t, c: Change) -> str | None:
 
 
 def _collect(c: Change, ctx: ApplyContext, out: Outcome) -> None:
+    if c.code == "Leftover" and c.remove:
+        _collect_leftover(c, ctx)
+        return
     final = c.phase in ("Succeeded", "Failed", "Terminated")
     out.manifest, out.workspace = _collect_into(ctx, c.machine, c.identity, c.workspace, final)
     if final and ctx.remote_cleanup == "after_collect":
         for k in c.cleanup:
             t = ctx.transport_for(k.machine)
             launchers.finish(t, k.workspace or t.workspace(k.identity), remove=True)
+
+
+def _collect_stopped(c: Change, ctx: ApplyContext, out: Outcome) -> None:
+    """A run stopped for good: what it wrote until the end is collected now, as for any final end
+    (a failure here only delays it: the next pass finds the instance uncollected)."""
+    for k in c.kill:
+        try:
+            manifest, ws = _collect_into(ctx, k.machine, k.identity, k.workspace, final=True)
+        except ReconcilerError:
+            continue
+        out.manifest, out.workspace = manifest, ws
+
+
+def _collect_leftover(c: Change, ctx: ApplyContext) -> None:
+    """A leftover nothing will need again: keep its logs in the local bundle folder when it ran
+    elsewhere (a bundle that never started has none), then remove its workspace, here too."""
+    t = ctx.transport_for(c.machine)
+    ws = c.workspace or t.workspace(c.identity)
+    if c.machine != LOCAL and "never started" not in c.reason:
+        local_dir = ctx.local_dir(c.machine, c.identity, ws)
+        t.fetch(c.identity, local_dir)
+    launchers.finish(t, ws, remove=True)
 
 
 def _collect_into(ctx: ApplyContext, machine: str, identity: str, workspace: str | None,

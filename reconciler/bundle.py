@@ -37,14 +37,14 @@ class BundleRequest:
     identity: str
     run: object  # spec.models.Run
     spec_digest: str
-    spec_commit: str | None
+    repo_head: str | None  # HEAD at launch: information only (the reconciler's status commits move it)
     template: object  # spec.models.ExecutionTemplate
     effective: Effective
     machine: str
     gpus: list[int] = field(default_factory=list)
     python: str | None = None
     resume_from: str | None = None
-    spec_source_commit: str | None = None  # the last commit that changed the spec file (HEAD moves with status)
+    spec_commit: str | None = None  # the last commit that changed the spec file, as of the launch
 
 
 @dataclass
@@ -57,10 +57,27 @@ class Bundle:
         return digest(self.path)
 
 
+def built_digest(dest: Path) -> str | None:
+    """The spec digest a bundle folder was built for (its job.json), or None when unreadable."""
+    try:
+        return json.loads((dest / "job.json").read_text(encoding="utf-8"))["payload"]["spec_digest"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def build(req: BundleRequest, dest: Path) -> Bundle:
-    """Build into ``dest`` (atomically). An existing bundle for the identity is reused as is."""
+    """Build into ``dest`` (atomically). An existing bundle for the identity is reused only when it
+    was built for the same spec (an identity never names two spec contents). One built for another
+    spec is rebuilt; if it has already run (its runtime/ holds files: a record whose status was
+    lost), it is first moved aside as ``.<identity>.superseded-<digest>`` rather than destroyed."""
     if (dest / "job.json").is_file():
-        return Bundle(dest)
+        old = built_digest(dest)
+        if old == req.spec_digest:
+            return Bundle(dest)
+        if (dest / "runtime").is_dir() and any((dest / "runtime").iterdir()):
+            aside = dest.with_name(f".{dest.name}.superseded-{(old or 'unknown').removeprefix('sha256:')[:12]}")
+            shutil.rmtree(aside, ignore_errors=True)
+            os.replace(dest, aside)
     tmp = dest.with_name(f".{dest.name}.building")
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "scripts").mkdir(parents=True)
@@ -96,7 +113,7 @@ def build(req: BundleRequest, dest: Path) -> Bundle:
         "labels": dict(run.metadata.labels),
         "spec_digest": req.spec_digest,
         "spec_commit": req.spec_commit,
-        "spec_source_commit": req.spec_source_commit,
+        "repo_head": req.repo_head,
         "template": req.template.model_dump(mode="json"),
         "backend": req.effective.backend,
         "machine": req.machine,

@@ -71,6 +71,7 @@ def cmd_once(args: argparse.Namespace, dry_run: bool) -> int:
         out = result.plan.to_json()
         if not dry_run:
             out.update(written=result.written, transitions=result.transitions, commit=result.commit,
+                       committed=result.committed,
                        outcomes=[{"name": o.name, "action": o.action, "ok": o.ok, "error": o.error,
                                   "permanent": o.permanent} for o in result.outcomes])
         out["diagnostics"] = [d.text() for d in result.desired.diagnostics]
@@ -89,7 +90,9 @@ def cmd_once(args: argparse.Namespace, dry_run: bool) -> int:
                 for t in result.transitions:
                     print(f"  {t}")
             if result.commit:
-                print(f"\nCommitted {len(result.written)} status file(s) as {result.commit[:10]}.")
+                earlier = len(set(result.committed) - set(result.written))
+                note = f", {earlier} of them written by an earlier pass" if earlier else ""
+                print(f"\nCommitted {len(result.committed)} status file(s) as {result.commit[:10]}{note}.")
             elif result.written:
                 print(f"\nWrote {len(result.written)} status file(s) (not committed).")
     return 0

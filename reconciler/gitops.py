@@ -4,7 +4,12 @@ Commits are made through a temporary index (read HEAD's tree, add the status pat
 commit it, move the branch with a compare-and-swap), so whatever the user has staged or left
 modified elsewhere in the checkout is never swept into a reconciler commit. The commit includes
 every status file that differs from HEAD, not only those written by this pass: a pass killed after
-writing and before committing loses nothing.
+writing and before committing loses nothing. Its message is made from what it holds, so a file
+written by an earlier pass (run with --no-commit, or killed before committing) still gets its
+transition line, and the counts in a message always match the commit's content.
+
+Git's output is read NUL-separated (``-z``), so a path is never quoted or escaped, and git runs
+with ``LC_ALL=C`` wherever its messages are matched.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import git
 
@@ -46,28 +52,37 @@ def head(repo: git.Repo | None) -> str | None:
 
 def dirty_status_paths(repo: git.Repo) -> list[str]:
     """status/*.yaml paths that differ from HEAD (modified, new or deleted)."""
-    out = repo.git.status("--porcelain", "--untracked-files=all", "--", STATUS_DIR)
+    p = run_git(Path(repo.working_tree_dir), "status", "--porcelain", "-z", "--untracked-files=all",
+                "--no-renames", "--", STATUS_DIR)
     paths = []
-    for line in out.splitlines():
-        path = line[3:].strip().strip('"')
-        if " -> " in path:
-            path = path.split(" -> ", 1)[1]
-        if path.startswith(STATUS_DIR + "/") and path.endswith(".yaml"):
+    for entry in p.stdout.split("\0"):
+        path = entry[3:]
+        # One level only: status/<name>.yaml. Anything else under status/ is not the reconciler's.
+        if path.startswith(STATUS_DIR + "/") and path.endswith(".yaml") and "/" not in path[len(STATUS_DIR) + 1:]:
             paths.append(path)
     return sorted(set(paths))
 
 
-def commit_status(repo: git.Repo, message: str, author: Author) -> str | None:
-    """Commit the status files that differ from HEAD; return the new commit, or None if nothing."""
+@dataclass
+class StatusCommit:
+    sha: str
+    paths: list[str]  # the status files it holds
+
+
+def commit_status(repo: git.Repo, message: str | Callable[[list[str]], str], author: Author) -> StatusCommit | None:
+    """Commit the status files that differ from HEAD; return the new commit, or None if nothing.
+    ``message`` may be a function of the committed paths, so the message describes the commit."""
     paths = dirty_status_paths(repo)
     if not paths:
         return None
+    if callable(message):
+        message = message(paths)
     parent = head(repo)
     fd, index_path = tempfile.mkstemp(prefix="reconciler-index-", dir=repo.git_dir)
     os.close(fd)
     os.unlink(index_path)
     env = {
-        "GIT_INDEX_FILE": index_path,
+        "GIT_INDEX_FILE": index_path, "LC_ALL": "C",
         "GIT_AUTHOR_NAME": author.name, "GIT_AUTHOR_EMAIL": author.email,
         "GIT_COMMITTER_NAME": author.name, "GIT_COMMITTER_EMAIL": author.email,
     }
@@ -93,15 +108,56 @@ def commit_status(repo: git.Repo, message: str, author: Author) -> str | None:
             pass
     # The real index now lags HEAD for these paths; align just them, leaving the user's staging alone.
     g.reset("-q", "HEAD", "--", *paths)
-    return new
+    return StatusCommit(new, paths)
 
 
-def transitions_message(lines: list[str]) -> str:
-    head_line = f"status: {len(lines)} change(s)" if lines else "status: refresh"
+def transitions_message(lines: list[str], files: int | None = None) -> str:
+    """``lines``: one per run whose phase, generation or attempt moved; ``files``: how many status
+    files the commit holds (at least as many: progress and conditions change without a transition)."""
+    files = len(lines) if files is None else files
+    if lines:
+        head_line = f"status: {len(lines)} transition(s)" + (f" in {files} file(s)" if files != len(lines) else "")
+    else:
+        head_line = f"status: {files} file(s) updated"
     body = "\n".join(f"- {line}" for line in lines[:200])
     if len(lines) > 200:
         body += f"\n- ... and {len(lines) - 200} more"
     return head_line + ("\n\n" + body if body else "") + "\n"
+
+
+def last_commits(path: Path, files: list[str]) -> dict[str, str]:
+    """The last commit that changed each of ``files`` (paths relative to the repository), found in
+    one walk of the history that stops as soon as every file is found. Files never committed are
+    left out."""
+    want = set(files)
+    if not want:
+        return {}
+    tops = sorted({f.split("/", 1)[0] for f in want})
+    found: dict[str, str] = {}
+    proc = subprocess.Popen(["git", "-C", str(path), "-c", "core.quotePath=false", "log", "--format=%x01%H", "--name-only", "--no-renames",
+                             "--", *tops], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            stdin=subprocess.DEVNULL, env=git_env(), text=True)
+    try:
+        sha = ""
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            if line.startswith("\x01"):
+                sha = line[1:]
+            elif line in want and line not in found:
+                found[line] = sha
+                if len(found) == len(want):
+                    break
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    return found
+
+
+def head_blob(repo: git.Repo, path: str) -> str | None:
+    """A file's text at HEAD, or None when HEAD has no such file."""
+    p = run_git(Path(repo.working_tree_dir), "cat-file", "blob", f"HEAD:{path}", check=False)
+    return p.stdout if p.returncode == 0 else None
 
 
 # ---------------------------------------------------------------- the daemon's remote: fetch, rebase, push
@@ -120,6 +176,7 @@ class GitError(TemporaryError):
 def git_env(author: Author | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["GIT_TERMINAL_PROMPT"] = "0"
+    env["LC_ALL"] = "C"  # its messages are matched below (_rejected, fetch): English, whatever the host's locale
     env.setdefault("GIT_SSH_COMMAND", "ssh -o BatchMode=yes")
     if author is not None:
         env.update(GIT_AUTHOR_NAME=author.name, GIT_AUTHOR_EMAIL=author.email,

@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from . import gitops, status as statuses
 from .apply import ApplyContext, Outcome, apply
@@ -37,6 +38,7 @@ class PassResult:
     written: list[str] = field(default_factory=list)
     transitions: list[str] = field(default_factory=list)
     commit: str | None = None
+    committed: list[str] = field(default_factory=list)  # the runs whose status files the commit holds
     duration: float = 0.0
     retry_after: float | None = None  # the soonest a run asked to be looked at again
 
@@ -69,6 +71,8 @@ class Reconciler:
         self.phase_counts: Counter[str] = Counter()
         self.repo = gitops.open_repo(cfg.repo)
         self._gpus: int | None = None
+        # Where a run's secrets are looked up at launch (the reconciler host's environment).
+        self.secret_source: Callable[[str], str | None] = os.environ.get
 
     def settings(self) -> PlanSettings:
         if self._gpus is None:
@@ -96,7 +100,10 @@ class Reconciler:
                 st = statuses.load_one(status_dir, name)
                 if st is not None:
                     previous[name] = st
-            plan = make_plan(desired, world, previous, now, self.settings(), settled=frozenset(skipped))
+            missing = {name: [s for s in e.run.spec.secrets if self.secret_source(s) is None]
+                       for name, e in desired.runs.items() if e.run.spec.secrets}
+            plan = make_plan(desired, world, previous, now, self.settings(), settled=frozenset(skipped),
+                             missing_secrets={n: m for n, m in missing.items() if m})
             result = PassResult(desired, world, plan)
             if dry_run:
                 result.duration = time.perf_counter() - t0
@@ -104,25 +111,33 @@ class Reconciler:
             spec_commit = gitops.head(self.repo)
             ctx = ApplyContext(repo=cfg.repo, desired=desired, transport_for=pool.get, spec_commit=spec_commit,
                                terminate_grace=cfg.terminate_grace, remote_cleanup=cfg.remote_cleanup,
-                               parallel=cfg.parallel_changes, machine_python=pool.python_for)
+                               parallel=cfg.parallel_changes, machine_python=pool.python_for,
+                               secret_source=self.secret_source)
             result.outcomes = apply(plan, ctx)
             if os.environ.get(CRASH_HOOK) == "apply":
                 # Test hook: die like kill -9 between launching and writing or committing status.
                 os._exit(137)
         finally:
             pool.close()
-        by_name = {o.name: o for o in result.outcomes}
+        by_name = {o.name: o for o in result.outcomes if not o.side}
         phases = {n: st.phase for n, st in previous.items()}
+        spec_commits = self._spec_commits(plan, previous)
         for change in plan.changes:
             if change.phase is None:
                 continue
             prev = previous.get(change.name)
             obs = world.find(change.identity) if change.identity else None
-            new = statuses.summarize(prev, change, by_name.get(change.name), obs, now, spec_commit)
+            new = statuses.summarize(prev, change, by_name.get(change.name), obs, now,
+                                     spec_commits.get(change.spec_path or ""))
             if new is prev or statuses.same_ignoring_time(prev, new):
                 continue
             new.observed_at = statuses.iso(now)
-            if statuses.write_if_changed(status_dir, new):
+            try:
+                wrote = statuses.write_if_changed(status_dir, new)
+            except statuses.UnsafeName as e:  # defence in depth: names are DNS labels by validation
+                log.error("not writing a status file: %s", e)
+                continue
+            if wrote:
                 phases[change.name] = new.phase
                 result.written.append(change.name)
                 before = prev.phase if prev else "-"
@@ -135,10 +150,31 @@ class Reconciler:
         result.retry_after = min(waits) if waits else None
         do_commit = cfg.commit if commit is None else commit
         if do_commit and self.repo is not None:
-            message = gitops.transitions_message(result.transitions)
-            result.commit = gitops.commit_status(self.repo, message, gitops.Author(cfg.author_name, cfg.author_email))
+            lines = {line.split(":", 1)[0]: line for line in result.transitions}
+
+            def message(paths: list[str]) -> str:
+                names = [Path(p).stem for p in paths]
+                found = [lines.get(n) or _transition_since_head(self.repo, p) for n, p in zip(names, paths)]
+                return gitops.transitions_message([t for t in found if t], files=len(paths))
+
+            made = gitops.commit_status(self.repo, message, gitops.Author(cfg.author_name, cfg.author_email))
+            if made is not None:
+                result.commit, result.committed = made.sha, [Path(p).stem for p in made.paths]
         result.duration = time.perf_counter() - t0
         return result
+
+    def _spec_commits(self, plan: Plan, previous: dict) -> dict[str, str]:
+        """The spec commit of each run whose status records a new spec this pass: the last commit
+        that changed its spec file (one definition, shared with provenance)."""
+        paths = []
+        for c in plan.changes:
+            prev = previous.get(c.name)
+            if c.phase is not None and c.spec_path and (
+                    prev is None or prev.spec.digest != c.spec_digest or prev.generation != c.generation):
+                paths.append(c.spec_path)
+        if not paths or self.repo is None:
+            return {}
+        return gitops.last_commits(self.cfg.repo, paths)
 
     def _settle(self, desired: DesiredState, world: ObservedWorld, plan: Plan, skipped: set[str],
                 phases: dict[str, str], status_dir: Path) -> None:
@@ -170,6 +206,21 @@ class Settled:
     digest: str | None  # the run's spec digest when it settled (None: no spec any more)
     key: tuple[int, int, int]  # its status file's inode, size and mtime
     phase: str
+
+
+def _transition_since_head(repo, path: str) -> str | None:
+    """The transition line of a status file written by an earlier pass and not committed then
+    (--no-commit, or a crash before the commit), from its version at HEAD to the file now."""
+    new = statuses.load_one(Path(repo.working_tree_dir) / "status", Path(path).stem)
+    if new is None:
+        return f"{Path(path).stem}: status file removed"
+    old_text = gitops.head_blob(repo, path)
+    old = statuses.parse_text(old_text, Path(path).stem) if old_text is not None else None
+    if old is not None and (old.phase, old.generation, old.attempt) == (new.phase, new.generation, new.attempt):
+        return None
+    ident = new.handle.identity if new.handle and new.handle.identity else ""
+    reason = new.history[-1].reason if new.history else new.message
+    return f"{new.name}: {old.phase if old else '-'} → {new.phase} [{ident}] {reason}"[:300]
 
 
 def _digest(desired: DesiredState, name: str) -> str | None:

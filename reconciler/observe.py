@@ -16,7 +16,7 @@ from .observed import ObservedMachine, ObservedRun, ObservedWorld
 from .spec.load import DesiredState
 from .status import TERMINAL, RunStatus, parse_iso
 
-RUN_STATES = ("running", "succeeded", "failed", "terminated", "lost")
+RUN_STATES = ("running", "succeeded", "failed", "terminated", "lost", "staged", "unknown")
 
 
 def names_to_watch(desired: DesiredState, previous: dict[str, RunStatus],
@@ -65,6 +65,7 @@ def observe(machines: list[str], transport_for: Callable[[str], object], names: 
                 pid=r.get("pid"), container=r.get("container"),
                 workspace=r.get("workspace"), gpus=list(r.get("gpus") or []), collected=bool(r.get("collected")),
                 message=r.get("message", ""), progress=r.get("progress"), permanent=bool(r.get("permanent")),
+                spec_digest=r.get("spec_digest"),
             )
         return m
 

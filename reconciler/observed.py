@@ -14,7 +14,9 @@ from .identity import parse
 
 # running: the process (or container) lives. succeeded/failed: result.json says so.
 # terminated: the wrapper recorded a SIGTERM. lost: no result and nothing alive.
-RunState = Literal["running", "succeeded", "failed", "terminated", "lost"]
+# staged: the bundle is there but was never started (nothing ran, nothing was lost).
+# unknown: the machine answered but could not say (docker did not answer): neither alive nor dead.
+RunState = Literal["running", "succeeded", "failed", "terminated", "lost", "staged", "unknown"]
 
 
 @dataclass
@@ -33,6 +35,11 @@ class ObservedRun:
     message: str = ""
     progress: dict[str, Any] | None = None
     permanent: bool = False  # the run itself says retrying cannot help (e.g. its precheck refused it)
+    spec_digest: str | None = None  # the spec the workspace was built for (its job.json); None: unreadable
+
+    def built_for(self, digest: str) -> bool:
+        """Whether this instance runs the spec with ``digest``: the one condition for adopting it."""
+        return self.spec_digest == digest
 
     @property
     def alive(self) -> bool:

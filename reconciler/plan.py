@@ -12,10 +12,19 @@ The rules, per run:
 - a failure with retries left relaunches as attempt + 1 once the backoff has passed; without
   retries left the run is Failed; a success is collected and never relaunched;
 - an instance found running that the status does not know (a crash between launch and commit) is
-  adopted, never launched again; an instance that is not the current identity is fenced;
+  adopted, never launched again, but only if it was built from the desired spec (its bundle's spec
+  digest): identities never collide across spec contents, so a spec whose generation number is
+  already used on a machine by another content gets the next unused generation, and the other
+  instance is fenced; an instance that is not the current identity is fenced;
+- a workspace staged but never started is finished launching (the current identity) or removed
+  (any other); a finished instance that is no run's current one (a fenced leftover) is collected
+  and cleaned;
+- a launch that needs a secret the reconciler host does not have waits, Pending, spending no
+  attempt and staging nothing;
 - a machine that does not answer is not dead: its runs wait, and only after the grace period are
   they declared lost and relaunched elsewhere; the old instance is fenced when it comes back;
-- an invalid spec marks its run Invalid with the validation message and touches nothing else.
+- an invalid spec marks its run Invalid with the validation message and touches nothing else: what
+  its last valid generation started keeps running, and a fix back to the same content continues it.
 """
 
 from __future__ import annotations
@@ -63,6 +72,7 @@ class Change:
     resume_from: str | None = None  # identity of the attempt whose checkpoints a relaunch resumes
     collect_first: Kill | None = None  # a finished attempt to collect before relaunching
     cleanup: list[Kill] = field(default_factory=list)  # earlier attempts' remote workspaces, at the end
+    remove: bool = False  # collect: remove the workspace afterwards, on this machine too (a leftover)
     stalled: str | None = None  # set when spec.stall is configured and the run made no progress (the why)
 
     @property
@@ -74,6 +84,7 @@ class Change:
 class Plan:
     changes: list[Change] = field(default_factory=list)
     at: float = 0.0
+    warnings: list[str] = field(default_factory=list)  # what will block a run later (a missing secret)
 
     def for_run(self, name: str) -> Change | None:
         return next((c for c in self.changes if c.name == name and c.phase is not None), None)
@@ -85,12 +96,14 @@ class Plan:
         return out
 
     def to_json(self) -> dict:
-        return {"at": self.at, "summary": self.summary(), "changes": [asdict(c) for c in self.changes]}
+        return {"at": self.at, "summary": self.summary(), "changes": [asdict(c) for c in self.changes],
+                "warnings": list(self.warnings)}
 
     def text(self, verbose: bool = False) -> str:
         shown = [c for c in self.changes if verbose or c.action != "none"]
+        warnings = "".join(f"\nWarning: {w}" for w in self.warnings)
         if not shown:
-            return "No changes. The machines match the repository."
+            return "No changes. The machines match the repository." + warnings
         width = max(len(c.name) for c in shown)
         lines = [f"Reconcile plan: {len(shown)} change(s)", ""]
         for c in shown:
@@ -109,7 +122,7 @@ class Plan:
             lines.append(f"      {' ' * 12} {'':<{width}}  {c.code}: {c.reason}")
         counts = self.summary()
         lines += ["", "Plan: " + ", ".join(f"{n} {a}" for a, n in sorted(counts.items()) if a != "none") + "."]
-        return "\n".join(lines)
+        return "\n".join(lines) + warnings
 
 
 @dataclass
@@ -193,35 +206,52 @@ def _candidates(slots: dict[str, Slot], placement: str, target: str | None) -> l
 
 
 def make_plan(desired: DesiredState, world: ObservedWorld, previous: dict[str, RunStatus], now: float,
-              settings: PlanSettings | None = None, settled: frozenset[str] = frozenset()) -> Plan:
+              settings: PlanSettings | None = None, settled: frozenset[str] = frozenset(),
+              missing_secrets: dict[str, list[str]] | None = None) -> Plan:
     """``settled``: runs the caller knows are finished and untouched since (their plan would be
     "none"); they are left out of the plan. A long-lived reconciler uses it to keep thousands of
-    finished runs out of memory."""
+    finished runs out of memory. ``missing_secrets``: per run, the secrets it names that the
+    reconciler host does not have (the caller looks; the planner stays pure)."""
     settings = settings or PlanSettings()
+    missing_secrets = missing_secrets or {}
     plan = Plan(at=now)
     slots = _slots(desired, world, settings)
     names = sorted((set(desired.runs) | set(desired.invalid) | set(previous)) - settled)
+    # An invalid spec protects everything its run has on the machines: nothing is fenced, collected
+    # or cleaned until the spec is fixed (or removed).
+    invalid = {n for n in desired.invalid if n not in desired.runs}
     # Runs already holding a slot keep it; launches are placed in name order for stable plans.
     for name in names:
         prev = previous.get(name)
-        if name in desired.invalid and name not in desired.runs:
-            plan.changes.append(_invalid(name, desired.invalid[name], prev))
+        if name in invalid:
+            plan.changes.append(_invalid(name, desired.invalid[name], prev, world))
             continue
         entry = desired.runs.get(name)
         if entry is None or entry.run.spec.desiredState == "Stopped":
             plan.changes.append(_stop(name, entry, prev, world))
             continue
-        plan.changes.extend(_running(name, entry, prev, world, desired, slots, settings, now))
-    plan.changes.extend(_fences(plan, world))
+        plan.changes.extend(_running(name, entry, prev, world, desired, slots, settings, now,
+                                     missing_secrets.get(name, [])))
+    for name, secrets in sorted(missing_secrets.items()):
+        if secrets and name in desired.runs and name not in settled:
+            plan.warnings.append(f"{name}: secret(s) {', '.join(secrets)} not set on the reconciler host; "
+                                 "its launches wait until they are")
+    plan.changes.extend(_fences(plan, world, invalid))
+    known = set(desired.runs) | set(desired.invalid) | set(previous) | settled
+    plan.changes.extend(_leftovers(plan, world, invalid, known))
     return plan
 
 
-def _invalid(name: str, message: str, prev: RunStatus | None) -> Change:
+def _invalid(name: str, message: str, prev: RunStatus | None, world: ObservedWorld) -> Change:
     gen = prev.generation if prev else 0
     att = prev.attempt if prev else 0
+    alive = [r.identity for r in world.instances(name) if r.alive]
+    if alive:
+        message += f" (the last valid spec keeps running as {', '.join(alive)}; nothing is changed until the spec is fixed)"
+    ident = prev.handle.identity if prev is not None and prev.handle is not None else None
     if prev and prev.phase == "Invalid" and prev.message == message:
-        return Change(name, "none", "SpecInvalid", "still invalid", "Invalid", gen, att)
-    return Change(name, "mark_invalid", "SpecInvalid", message, "Invalid", gen, att)
+        return Change(name, "none", "SpecInvalid", "still invalid", "Invalid", gen, att, identity=ident)
+    return Change(name, "mark_invalid", "SpecInvalid", message, "Invalid", gen, att, identity=ident)
 
 
 def _stop(name: str, entry: RunEntry | None, prev: RunStatus | None, world: ObservedWorld) -> Change:
@@ -236,9 +266,24 @@ def _stop(name: str, entry: RunEntry | None, prev: RunStatus | None, world: Obse
         kills = [Kill(r.machine, r.identity, r.workspace) for r in alive]
         return Change(name, "terminate", code, f"{why}: stopping {', '.join(r.identity for r in alive)}",
                       "Terminated", gen, att, kill=kills, spec_digest=digest, spec_path=path)
+    ended = _ended_uncollected(name, prev, world)
     if prev is not None and prev.phase in TERMINAL:
+        if ended is not None:  # stopped, but its collection failed: once more
+            return Change(name, "collect", code, f"{why}; collecting {ended.identity}", prev.phase, gen, att,
+                          identity=ended.identity, machine=ended.machine, workspace=ended.workspace,
+                          exit_code=prev.exit_code, spec_digest=prev.spec.digest, spec_path=prev.spec.path)
         return Change(name, "none", code, f"{why}; nothing running", prev.phase, gen, att,
                       spec_digest=prev.spec.digest, spec_path=prev.spec.path)
+    if ended is not None:
+        # It finished before the stop: its own end is the run's end, kept with its exit code.
+        phase = ENDED_PHASE[ended.state]
+        p = parse(ended.identity)
+        exit_note = f" (exit {ended.exit_code})" if ended.exit_code is not None else ""
+        return Change(name, "collect", code, f"{why}; {ended.identity} had already {ended.state}{exit_note}",
+                      phase, p.generation if p else gen, p.attempt if p else att, identity=ended.identity,
+                      machine=ended.machine, workspace=ended.workspace, exit_code=ended.exit_code,
+                      spec_digest=digest or (prev.spec.digest if prev else None),
+                      spec_path=path or (prev.spec.path if prev else None))
     unknown = _on_unreachable(world, prev)
     if unknown:
         return Change(name, "wait", "MachineUnreachable",
@@ -251,6 +296,21 @@ def _stop(name: str, entry: RunEntry | None, prev: RunStatus | None, world: Obse
                   spec_digest=digest, spec_path=path)
 
 
+ENDED_PHASE = {"succeeded": "Succeeded", "failed": "Failed", "terminated": "Terminated"}
+
+
+def _ended_uncollected(name: str, prev: RunStatus | None, world: ObservedWorld) -> ObservedRun | None:
+    """The run's own finished, not yet collected instance: the one its status names, else its newest."""
+    ended = [r for r in world.instances(name) if r.state in ENDED_PHASE and not r.collected]
+    if not ended:
+        return None
+    current = prev.handle.identity if prev is not None and prev.handle is not None else None
+    mine = [r for r in ended if r.identity == current]
+    if mine:
+        return mine[0]
+    return max(ended, key=lambda r: (parse(r.identity) or (r.identity, 0, 0))[1:])
+
+
 def _on_unreachable(world: ObservedWorld, prev: RunStatus | None) -> str | None:
     if prev is None or prev.handle is None or prev.handle.machine is None:
         return None
@@ -261,29 +321,56 @@ def _on_unreachable(world: ObservedWorld, prev: RunStatus | None) -> str | None:
 
 
 def _running(name: str, entry: RunEntry, prev: RunStatus | None, world: ObservedWorld, desired: DesiredState,
-             slots: dict[str, Slot], settings: PlanSettings, now: float) -> list[Change]:
-    changes = _running_changes(name, entry, prev, world, desired, slots, settings, now)
+             slots: dict[str, Slot], settings: PlanSettings, now: float, missing: list[str]) -> list[Change]:
+    changes = _running_changes(name, entry, prev, world, desired, slots, settings, now, missing)
     for c in changes:
         if c.action == "collect" and c.phase in ("Succeeded", "Failed"):
             # The run is over: the workspaces its earlier attempts left on remote machines can go
             # (they were collected when those attempts ended; local ones are the bundles themselves).
             c.cleanup = [Kill(r.machine, r.identity, r.workspace) for r in world.instances(name)
-                         if r.identity != c.identity and not r.alive and r.machine != LOCAL]
+                         if r.identity != c.identity and not r.alive and r.machine != LOCAL
+                         and r.state != "unknown"]
     return changes
+
+
+def generation_for(entry: RunEntry, prev: RunStatus | None, instances: list[ObservedRun]) -> int:
+    """The generation the desired spec runs as.
+
+    The previous one while the spec digest is unchanged, else the next. An instance found on a
+    machine at that generation or later decides further: one built from this very spec is a launch
+    whose status never reached git (adopt its generation); one built from any other content owns
+    its generation for good, and the desired spec moves past every generation in use. So an
+    identity never names two spec contents, even when status files were lost.
+    """
+    same_spec = prev is not None and prev.generation > 0 and prev.spec.digest == entry.digest
+    gen = prev.generation if same_spec else (prev.generation + 1 if prev else 1)
+    digests: dict[int, set[str | None]] = {}
+    for r in instances:
+        p = parse(r.identity)
+        # An unreadable bundle (no job.json) that holds no process is only debris: it is rebuilt.
+        if p is not None and (r.spec_digest is not None or r.alive):
+            digests.setdefault(p.generation, set()).add(r.spec_digest)
+    if not same_spec:
+        ours = [g for g, ds in digests.items() if g >= gen and ds == {entry.digest}]
+        if ours:
+            gen = max(ours)
+    if digests.get(gen, {entry.digest}) != {entry.digest}:
+        gen = max(max(digests), gen) + 1
+    return gen
 
 
 def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: ObservedWorld,
                      desired: DesiredState, slots: dict[str, Slot], settings: PlanSettings,
-                     now: float) -> list[Change]:
+                     now: float, missing: list[str]) -> list[Change]:
     run = entry.run
     policy = run.spec.restartPolicy
-    same_spec = prev is not None and prev.generation > 0 and prev.spec.digest == entry.digest
-    gen = prev.generation if same_spec else (prev.generation + 1 if prev else 1)
-    attempt = prev.attempt if (same_spec and prev.attempt) else 1
     instances = world.instances(name)
+    gen = generation_for(entry, prev, instances)
+    same_spec = prev is not None and prev.generation == gen and prev.spec.digest == entry.digest
+    attempt = prev.attempt if (same_spec and prev.attempt) else 1
     for r in instances:  # an attempt launched by a pass whose status never reached git
         p = parse(r.identity)
-        if p and p.generation == gen and p.attempt > attempt:
+        if p and p.generation == gen and p.attempt > attempt and r.built_for(entry.digest):
             attempt = p.attempt
     ident = make(name, gen, attempt)
     obs = world.find(ident)
@@ -292,10 +379,25 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
     changed = prev is not None and prev.generation > 0 and not same_spec
 
     def launch(next_attempt: int, code: str, why: str, resume_from: str | None = None) -> Change:
+        if missing:
+            # Staging nothing and spending no attempt: the launch happens on the first pass after
+            # the secret is set. Stale instances are still stopped: they run a spec not wanted.
+            return Change(name, "wait", "SecretMissing",
+                          f"secret(s) {', '.join(missing)} not set on the reconciler host; "
+                          f"{make(name, gen, next_attempt)} launches once they are",
+                          "Pending", identity=make(name, gen, next_attempt), kill=stale,
+                          retry_after=30.0, **base)
         return _place(name, entry, desired, slots, make(name, gen, next_attempt), code, why, stale,
                       dict(base, attempt=next_attempt), resume_from)
 
     handle_ident = prev.handle.identity if prev and prev.handle else None
+    if obs is not None and obs.state == "staged":
+        # Staged by an earlier pass that could not start it (or died first): finish launching it.
+        return [launch(attempt, "Launch", f"{ident} was staged but never started; starting it")]
+    if obs is not None and obs.state == "unknown":
+        return [Change(name, "wait", "ObserveFailed", f"{obs.machine} cannot tell whether {ident} runs: "
+                       f"{obs.message or 'no answer'}", prev.phase if prev else "Unknown", identity=ident,
+                       machine=obs.machine, retry_after=30.0, **base)]
     if obs is None:
         unknown = _on_unreachable(world, prev)
         if unknown and handle_ident == ident:
@@ -316,13 +418,23 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
         if handle_ident == ident and prev is not None and prev.phase not in ("Pending",):
             return _after_failure(name, entry, prev, ident, None, "lost: the workspace is gone from its machine",
                                   now, launch, base, policy)
+        if changed and prev.spec.digest == entry.digest:
+            return [launch(1, "GenerationTaken", f"generation {prev.generation} is used on a machine by another "
+                                                 f"spec's instance; this spec runs as generation {gen}")]
         if changed:
             return [launch(1, "SpecChanged", f"spec changed ({_short(prev.spec.digest)} → {_short(entry.digest)}): "
                                              f"generation {prev.generation} → {gen}")]
-        return [launch(attempt, "NewRun" if prev is None or prev.generation == 0 else "Launch",
-                       "new run" if prev is None else "not running yet")]
+        why = "new run" if prev is None else "not running yet"
+        taken = [r.identity for r in instances if r.spec_digest != entry.digest and parse(r.identity)]
+        if taken:
+            why += f"; {', '.join(taken)} on the machines ran another spec, so this one runs as generation {gen}"
+        return [launch(attempt, "NewRun" if prev is None or prev.generation == 0 else "Launch", why)]
 
     if obs.state == "running":
+        if prev is not None and prev.phase == "Invalid" and handle_ident == ident:
+            return [Change(name, "adopt", "SpecValid", f"the spec is valid again; {ident} kept running on {obs.machine}",
+                           "Running", identity=ident, machine=obs.machine, backend=_backend(entry, desired),
+                           workspace=obs.workspace, gpus=list(obs.gpus), kill=stale, **base)]
         if prev is None or prev.phase != "Running" or handle_ident != ident:
             return [Change(name, "adopt", "Adopted", f"found {ident} running on {obs.machine}; adopting it", "Running",
                            identity=ident, machine=obs.machine, backend=_backend(entry, desired), workspace=obs.workspace,
@@ -396,8 +508,10 @@ def _after_failure(name, entry, prev, ident, obs, why, now, launch, base, policy
         finished = _failed_at(obs, prev, lost_at)
         left = finished + policy.backoffSeconds - now
         if left > 0:
+            # A time, not a countdown: the status of a run waiting out its backoff stays byte-identical.
             c = Change(name, "wait", "BackOff",
-                       f"{why}; retry {retries_used + 1}/{policy.maxRetries} in {left:.0f}s", "Pending",
+                       f"{why}; retry {retries_used + 1}/{policy.maxRetries} at {iso(finished + policy.backoffSeconds)}",
+                       "Pending",
                        retry_after=left, identity=ident, exit_code=exit_code, **base)
             if obs is not None and not obs.collected:
                 c.action, c.machine, c.workspace = "collect", obs.machine, obs.workspace
@@ -429,7 +543,7 @@ def _place(name, entry, desired, slots, ident, code, why, stale, base, resume_fr
     eff = effective(entry.run, template)
     res = eff.resources
     candidates = _candidates(slots, eff.placement, eff.target)
-    action = "relaunch" if (stale or code in ("Relaunch", "SpecChanged")) else "launch"
+    action = "relaunch" if (stale or code in ("Relaunch", "SpecChanged", "GenerationTaken")) else "launch"
     if not candidates:
         return Change(name, "wait", "NoMachine", f"no machine matches target {eff.target!r}", "Pending",
                       identity=ident, kill=stale, retry_after=60.0, **base)
@@ -445,13 +559,23 @@ def _place(name, entry, desired, slots, ident, code, why, stale, base, resume_fr
                   identity=ident, kill=stale, retry_after=30.0, **base)
 
 
-def _fences(plan: Plan, world: ObservedWorld) -> list[Change]:
-    """Live instances no change accounts for: an old attempt that came back, a foreign leftover."""
-    covered = set()
+def _accounted(plan: Plan) -> set[str]:
+    """Identities some change of the plan already deals with."""
+    covered: set[str] = set()
     for c in plan.changes:
         covered.update(k.identity for k in c.kill)
-        if c.identity and c.phase is not None:
+        covered.update(k.identity for k in c.cleanup)
+        if c.collect_first is not None:
+            covered.add(c.collect_first.identity)
+        if c.identity:
             covered.add(c.identity)
+    return covered
+
+
+def _fences(plan: Plan, world: ObservedWorld, protected: set[str]) -> list[Change]:
+    """Live instances no change accounts for: an old attempt that came back, a foreign leftover.
+    ``protected``: runs whose spec is invalid; what they run is left alone until it is fixed."""
+    covered = _accounted(plan)
     out = []
     for m in world.machines.values():
         if not m.reachable:
@@ -459,10 +583,48 @@ def _fences(plan: Plan, world: ObservedWorld) -> list[Change]:
         for ident, r in sorted(m.runs.items()):
             if r.alive and ident not in covered:
                 p = parse(ident)
+                if p is not None and p.name in protected:
+                    continue
                 out.append(Change(p.name if p else ident, "terminate", "Fenced",
                                   f"{ident} is alive on {m.name} but is not the run's current instance",
                                   None, p.generation if p else 0, p.attempt if p else 0,
                                   kill=[Kill(m.name, ident, r.workspace)]))
+    return out
+
+
+def _leftovers(plan: Plan, world: ObservedWorld, protected: set[str], known: set[str]) -> list[Change]:
+    """Finished or never-started workspaces that are no run's current instance: collect and clean.
+
+    A fenced instance, a lost one, or a staged bundle a crash left behind would otherwise stay on
+    its machine for ever (and keep its run from settling). Each is collected once: its logs are
+    fetched into the local bundle folder and its workspace is marked collected. The workspace is
+    removed when nothing can need it again: a bundle that never started, an instance of another
+    generation than the run's current one (retries resume only within a generation), or one of a
+    run the repository does not know at all. Earlier attempts of the current generation stay until
+    the run's final collection removes them with the rest.
+    """
+    covered = _accounted(plan)
+    current_gen = {c.name: c.generation for c in plan.changes if c.phase is not None}
+    out = []
+    for m in world.machines.values():
+        if not m.reachable:
+            continue
+        for ident, r in sorted(m.runs.items()):
+            if r.alive or r.collected or r.state == "unknown" or ident in covered:
+                continue
+            p = parse(ident)
+            if p is None or p.name in protected:
+                continue
+            # A local workspace is also the attempt's local record (remote ones are fetched into
+            # one): it stays, marked collected, while its run is known.
+            remove = (r.state == "staged" or p.name not in known
+                      or (m.name != LOCAL and current_gen.get(p.name) != p.generation))
+            what = "staged but never started" if r.state == "staged" else r.state
+            out.append(Change(p.name, "collect", "Leftover",
+                              f"{ident} on {m.name} ({what}) is not the run's current instance; "
+                              + ("collecting and removing it" if remove else "collecting it"),
+                              None, p.generation, p.attempt, identity=ident, machine=m.name,
+                              workspace=r.workspace, remove=remove))
     return out
 
 

@@ -2,21 +2,29 @@
 
 The manifest has two halves:
 
-- ``reproducibility``: everything that should be the same when the same spec at the same commit runs
-  again: the spec (digest and commit), a snapshot of the execution template, the task, the code pin
-  (repository, commit and a digest of the staged tree), the sha256 of every staged input, and the
-  versions the execution plane's python really imported (from the precheck: python, torch, CUDA,
-  ms-swift and its fork check, transformers, peft, trl, ...). ``reproducibility_digest`` hashes it.
-  Two runs of the same spec commit on the same kind of environment have identical reproducibility
-  fields, and so the same digest; a difference names what changed.
+- ``reproducibility``: everything that should be the same when the same spec runs again: the spec
+  (digest and spec commit), a snapshot of the execution template and the image, the task and its
+  resolved configuration (the rendered ms-swift config), the plain runtime environment, the code
+  pin (repository, commit and a digest of the staged tree), the content hash of every staged input,
+  and the versions the execution plane's python really imported (from the precheck: python, torch,
+  CUDA, ms-swift and its fork check, transformers, peft, trl, ...). ``reproducibility_digest``
+  hashes it. Two runs of the same spec on the same kind of environment have identical
+  reproducibility fields, and so the same digest; a difference names what changed.
 - ``run``: what is particular to this instance: identity, machine and host, the GPUs (inventory from
   ``nvml-audit.jsonl``, or why NVML was unavailable), timestamps, the result, the checkpoint it
-  resumed from, the precheck's verdict, the last training step, and every artifact with its size and
-  sha256.
+  resumed from, the precheck's verdict, the last training step, the repository's HEAD at launch, and
+  every artifact with its size and sha256.
 
-It is built on the control plane from files only (``job.json``, ``runtime/``, ``artifacts/``): no
-import of torch or swift. ``reconcile provenance NAME`` prints it; ``--diff OTHER`` lists the fields
-that differ.
+The **spec commit** has one meaning everywhere (here, ``status.spec.commit``, the docs): the last
+commit that changed the run's spec file, as of the launch. Not HEAD: the reconciler commits status
+after every pass, so HEAD moves without anything the run is made of changing. HEAD at launch is
+kept as ``run.repo_head``, for information only; ``--diff`` ignores it, and everything else those
+status commits change (the bundle digest, which hashes job.json and so HEAD).
+
+It is built on the control plane from files only (``job.json``, ``scripts/``, ``runtime/``,
+``artifacts/``): no import of torch or swift. ``reconcile provenance NAME`` prints it; ``--diff
+OTHER`` lists the reproducibility fields that differ (and exits 1 if any do), then, for
+information, how the two instances differ.
 """
 
 from __future__ import annotations
@@ -32,8 +40,21 @@ from . import bundle as bundles
 from .identity import parse
 from .status import iso, load_one
 
-SCHEMA = "reconciler.provenance/1"
+# /2: spec.commit is only ever the spec commit (never HEAD); inputs by content hash; image, config
+# and runtime_env added to the reproducibility half.
+SCHEMA = "reconciler.provenance/2"
 ENV_PACKAGES = ("torch", "ms-swift", "transformers", "peft", "trl", "accelerate", "nvidia-ml-py")
+# What an input is, for reproducibility: its place and its content. Size and file count follow from it.
+INPUT_KEYS = ("path", "kind", "sha256")
+# Keys of the rendered ms-swift config that name this attempt, not what it trains: a resumed attempt
+# points at its predecessor's checkpoint (recorded as run.resumed_from).
+CONFIG_INSTANCE_KEYS = ("resume_from_checkpoint",)
+# Plain environment variables set per machine or per placement, not by the spec: the GPUs assigned
+# (run.gpus_assigned) and the path of the machine's python (environment.python has its version).
+ENV_INSTANCE_KEYS = ("CUDA_VISIBLE_DEVICES", "RECONCILER_PYTHON")
+# run.* fields --diff never reports: HEAD at launch, and the bundle digest (job.json records HEAD),
+# both moved by the reconciler's own status commits, which change nothing the run is made of.
+DIFF_IGNORED = ("run.repo_head", "run.bundle_digest")
 
 
 def _load_json(path: Path) -> Any:
@@ -59,17 +80,22 @@ def canonical_digest(value: Any) -> str:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
+def _spec_commit(job: dict) -> str | None:
+    return job.get("spec_commit") if "repo_head" in job else job.get("spec_source_commit")
+
+
 def last_commit(repo: Path, rel: str) -> str | None:
-    """The last commit that changed ``rel`` in the repository at ``repo`` (None outside git)."""
-    import subprocess
+    """The last commit that changed ``rel`` in the repository at ``repo`` (None outside git).
+
+    Called at launch for the run's spec file, this is the run's spec commit (see the module
+    docstring); HEAD would move with every status commit. The status file's ``spec.commit`` is
+    found by the same function (``gitops.last_commits``)."""
+    from .gitops import last_commits
 
     try:
-        p = subprocess.run(["git", "-C", str(repo), "log", "-1", "--format=%H", "--", rel], capture_output=True,
-                           text=True, timeout=30, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
+        return last_commits(Path(repo), [rel]).get(rel)
+    except OSError:
         return None
-    out = p.stdout.strip()
-    return out if p.returncode == 0 and len(out) == 40 else None
 
 
 # ---------------------------------------------------------------- sections
@@ -126,6 +152,51 @@ def gpu_inventory(audit: Path) -> dict:
     return out
 
 
+def resolved_config(root: Path) -> dict | None:
+    """The task's configuration as rendered into the bundle (ms-swift's YAML config), without the
+    keys that only name this attempt; None for tasks that render none (``command``: its argv is
+    the task itself)."""
+    from .tasks.swift import CONFIG_PATH
+
+    try:
+        text = (root / CONFIG_PATH).read_text(encoding="utf-8")
+    except OSError:
+        return None
+    import yaml
+
+    try:
+        cfg = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return {"unreadable": CONFIG_PATH}
+    if not isinstance(cfg, dict):
+        return {"unreadable": CONFIG_PATH}
+    return {k: v for k, v in cfg.items() if k not in CONFIG_INSTANCE_KEYS}
+
+
+def runtime_env(root: Path) -> dict | None:
+    """The plain environment the job starts with (``scripts/env.sh``: no secrets there, ever),
+    without the variables set per machine or placement."""
+    import shlex
+
+    try:
+        lines = (root / "scripts" / "env.sh").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    env: dict[str, str] = {}
+    for line in lines:
+        if not line.startswith("export ") or "=" not in line:
+            continue
+        key, _, value = line[len("export "):].partition("=")
+        if key in ENV_INSTANCE_KEYS:
+            continue
+        try:
+            parts = shlex.split(value)
+        except ValueError:
+            parts = [value]
+        env[key] = parts[0] if len(parts) == 1 else " ".join(parts)
+    return env
+
+
 def last_step(root: Path) -> dict | None:
     from .runtime.probe import _progress  # the probe's own reading of logging.jsonl
 
@@ -140,13 +211,18 @@ def build(root: Path, collected_at: float | None = None) -> dict:
     result = _load_json(root / "runtime" / "result.json") or {}
     ident = parse(job.get("identity") or root.name)
     repro = {
-        # The commit that last changed the spec file: HEAD moves with every status commit.
-        "spec": {"digest": job.get("spec_digest"), "commit": job.get("spec_source_commit") or job.get("spec_commit")},
+        # The spec commit: the last commit that changed the spec file, as of the launch. Bundles
+        # that record "repo_head" hold it as "spec_commit"; older ones as "spec_source_commit",
+        # their "spec_commit" being HEAD at launch (run.repo_head below), never used here: a bundle
+        # without the spec commit says so with None rather than pass HEAD off.
+        "spec": {"digest": job.get("spec_digest"), "commit": _spec_commit(job)},
         "template": job.get("template"),
+        "image": job.get("image"),
         "task": job.get("task"),
+        "config": resolved_config(root),
+        "runtime_env": runtime_env(root),
         "code": job.get("code"),
-        "inputs": [{k: i.get(k) for k in ("path", "kind", "size", "files", "sha256") if k in i}
-                   for i in job.get("inputs") or []],
+        "inputs": [{k: i.get(k) for k in INPUT_KEYS if k in i} for i in job.get("inputs") or []],
         "environment": environment(precheck),
     }
     started = _read_ts(root / "runtime" / "started_at")
@@ -157,7 +233,8 @@ def build(root: Path, collected_at: float | None = None) -> dict:
         "name": job.get("name"),
         "generation": ident.generation if ident else None,
         "attempt": ident.attempt if ident else None,
-        "repo_head": job.get("spec_commit"),
+        # HEAD at launch: information only, moves with status commits.
+        "repo_head": job.get("repo_head") if "repo_head" in job else job.get("spec_commit"),
         "machine": job.get("machine"),
         "backend": job.get("backend"),
         "hostname": plat.get("hostname"),
@@ -234,11 +311,23 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _comparable(manifest: dict, section: str) -> dict:
+    """The part of a section --diff compares. Inputs are compared by content (a manifest written
+    before schema /2 also records their size and file count, which add nothing to the hash)."""
+    value = manifest.get(section) or {}
+    if section == "reproducibility" and isinstance(value.get("inputs"), list):
+        value = dict(value, inputs=[{k: i.get(k) for k in INPUT_KEYS if k in i} if isinstance(i, dict) else i
+                                    for i in value["inputs"]])
+    return value
+
+
 def diff(a: dict, b: dict, section: str) -> list[tuple[str, Any, Any]]:
-    fa, fb = flatten(a.get(section) or {}, section), flatten(b.get(section) or {}, section)
+    fa, fb = flatten(_comparable(a, section), section), flatten(_comparable(b, section), section)
     missing = object()
     rows = []
     for key in sorted(set(fa) | set(fb)):
+        if any(key == k or key.startswith(k + ".") or key.startswith(k + "[") for k in DIFF_IGNORED):
+            continue
         va, vb = fa.get(key, missing), fb.get(key, missing)
         if va != vb:
             rows.append((key, None if va is missing else va, None if vb is missing else vb))
@@ -253,6 +342,9 @@ def _short(v: Any) -> str:
 def diff_text(a: dict, b: dict, name_a: str, name_b: str) -> tuple[str, bool]:
     """Readable diff and whether the reproducibility halves differ."""
     lines = [f"--- {name_a}", f"+++ {name_b}"]
+    if a.get("schema") != b.get("schema"):
+        lines.append(f"note: {name_a} is {a.get('schema')}, {name_b} is {b.get('schema')}: "
+                     "fields one of them does not record show as differing")
     repro = diff(a, b, "reproducibility")
     if repro:
         lines.append(f"reproducibility: {len(repro)} field(s) differ")
@@ -286,20 +378,28 @@ def locate(cfg, name_or_identity: str) -> tuple[Path | None, str]:
                   + ", ".join(str(c) for c in candidates) + "); it is written when the run is collected")
 
 
-def cmd_provenance(args, cfg) -> int:
-    path, ident = locate(cfg, args.name)
+def _read_manifest(cfg, name: str) -> tuple[dict | None, str]:
+    path, ident = locate(cfg, name)
     if path is None:
         print(f"reconcile provenance: {ident}", file=sys.stderr)
-        return 1
+        return None, ident
     manifest = _load_json(path)
+    if not isinstance(manifest, dict):
+        print(f"reconcile provenance: {path}: not a readable manifest (not JSON, or cut short)", file=sys.stderr)
+        return None, ident
+    return manifest, ident
+
+
+def cmd_provenance(args, cfg) -> int:
+    manifest, ident = _read_manifest(cfg, args.name)
+    if manifest is None:
+        return 1
     if not getattr(args, "diff", None):
         print(json.dumps(manifest, indent=2, sort_keys=True))
         return 0
-    other_path, other_ident = locate(cfg, args.diff)
-    if other_path is None:
-        print(f"reconcile provenance: {other_ident}", file=sys.stderr)
+    other, other_ident = _read_manifest(cfg, args.diff)
+    if other is None:
         return 1
-    other = _load_json(other_path)
     if getattr(args, "json", False):
         out = {section: [{"field": k, "a": va, "b": vb} for k, va, vb in diff(manifest, other, section)]
                for section in ("reproducibility", "run")}

@@ -11,6 +11,7 @@ and its outcome into the next status.
 from __future__ import annotations
 
 import os
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -143,17 +144,25 @@ class StatusCache:
 def _parse_status(path: Path, y: YAML) -> RunStatus | None:
     try:
         text = path.read_text(encoding="utf-8")
+    except (OSError, ValueError):
+        return None
+    return parse_text(text, path.stem, y)
+
+
+def parse_text(text: str, name: str, y: YAML | None = None) -> RunStatus | None:
+    """A status file's text → its status, or None when it is not the status of run ``name``."""
+    try:
         try:  # libyaml when available: a cold start over 10,000 status files in seconds, not minutes
             from .spec.yamlsafe import fast_load
 
             data = fast_load(text)
         except Exception:  # noqa: BLE001 - anything unusual: the pure-Python reader decides
-            data = y.load(text)
+            data = (y or _yaml()).load(text)
         if isinstance(data, dict):
             st = RunStatus.model_validate(data)
-            if st.name == path.stem:
+            if st.name == name:
                 return st
-    except Exception:  # noqa: BLE001 - lenient on read: OSError, YAML and validation errors alike
+    except Exception:  # noqa: BLE001 - lenient on read: YAML and validation errors alike
         pass
     return None
 
@@ -212,13 +221,33 @@ def load_all(status_dir: Path, cache: StatusCache | None = None,
 
 
 def load_one(status_dir: Path, name: str) -> RunStatus | None:
+    if not SAFE_NAME.match(name):
+        return None
     return _parse_status(status_dir / f"{name}.yaml", _yaml())
+
+
+# A run name as validation admits it (a DNS label): the only names a status path is built from.
+SAFE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+class UnsafeName(ValueError):
+    """A status file name that is not a DNS label: it could lead outside status/."""
+
+
+def status_path(status_dir: Path, name: str) -> Path:
+    """``status/<name>.yaml``, checked: the name is a DNS label and the path stays in ``status_dir``."""
+    if not isinstance(name, str) or not SAFE_NAME.match(name):
+        raise UnsafeName(f"{name!r} is not a valid run name; no status file is written for it")
+    path = status_dir / f"{name}.yaml"
+    if path.parent.resolve() != status_dir.resolve():
+        raise UnsafeName(f"status file for {name!r} would be outside {status_dir}")
+    return path
 
 
 def write_if_changed(status_dir: Path, status: RunStatus) -> bool:
     """Atomically write a status file; return whether its bytes changed."""
+    path = status_path(status_dir, status.name)
     status_dir.mkdir(parents=True, exist_ok=True)
-    path = status_dir / f"{status.name}.yaml"
     text = dump(status)
     try:
         if path.read_text(encoding="utf-8") == text:
@@ -386,6 +415,10 @@ def _conditions(st: RunStatus, change, now: float) -> None:
         set_condition(st, "MachineReachable", "False", "Unreachable", change.reason, now)
     elif st.handle is not None and change.action != "wait":
         set_condition(st, "MachineReachable", "True", "Reachable", "", now)
+    if code == "SecretMissing":
+        set_condition(st, "SecretsAvailable", "False", "SecretMissing", change.reason, now)
+    elif st.condition("SecretsAvailable") is not None and change.action in ("launch", "relaunch", "adopt"):
+        set_condition(st, "SecretsAvailable", "True", "SecretsSet", "", now)
     if code == "NoCapacity" or code == "NoMachine":
         set_condition(st, "Scheduled", "False", code, change.reason, now)
     elif change.machine:

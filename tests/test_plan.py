@@ -55,6 +55,11 @@ def build(case: dict) -> tuple[DesiredState, ObservedWorld, dict[str, RunStatus]
         m = ObservedMachine(mname, reachable=mdata.get("reachable", True), error=mdata.get("error", ""),
                             unreachable_since=mdata.get("unreachable_since"))
         for ident, r in (mdata.get("runs") or {}).items():
+            r = dict(r)
+            # An instance is built from the desired spec unless the case says otherwise.
+            entry = desired.runs.get(ident.rsplit("-g", 1)[0])
+            if r.get("spec_digest", "auto") == "auto":
+                r["spec_digest"] = entry.digest if entry else "sha256:other"
             m.runs[ident] = ObservedRun(identity=ident, machine=mname, workspace=f"/ws/{ident}", **r)
         world.machines[mname] = m
     previous = {}
@@ -71,7 +76,7 @@ def build(case: dict) -> tuple[DesiredState, ObservedWorld, dict[str, RunStatus]
 def test_plan_case(case_file: Path):
     case = yaml.safe_load(case_file.read_text())
     desired, world, previous, now, settings = build(case)
-    plan = make_plan(desired, world, previous, now, settings)
+    plan = make_plan(desired, world, previous, now, settings, missing_secrets=case.get("missing_secrets"))
     text = f"# {case['description']}\n" + plan.text() + "\n"
     expected_file = case_file.with_suffix(".plan")
     if os.environ.get("UPDATE_PLAN_CASES"):

@@ -48,7 +48,7 @@ class Transport(Protocol):
 
     def agent(self, args: dict) -> dict: ...
 
-    def stage(self, bundle: Path, identity: str) -> str: ...
+    def stage(self, bundle: Path, identity: str, spec_digest: str) -> str: ...
 
     def put_secret_file(self, workspace: str, content: bytes) -> None: ...
 
@@ -68,6 +68,7 @@ class LaunchSpec:
     pull: bool = False
     gpus: list[int] = field(default_factory=list)
     secrets: dict[str, str] = field(default_factory=dict)
+    spec_digest: str = ""  # the workspace must have been built for this spec to be started or adopted
 
 
 @dataclass
@@ -82,6 +83,18 @@ class LaunchResult:
 def secrets_file(secrets: dict[str, str]) -> bytes:
     """Shell-sourceable ``export NAME='value'`` lines, read once by the wrapper and deleted."""
     return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(secrets.items())).encode()
+
+
+def built_for_check(spec_digest: str) -> str:
+    """Shell lines, run in a workspace: exit 96 unless its job.json was built for ``spec_digest``.
+    job.json is written with sorted keys and two-space indents, so the line is exact."""
+    if not spec_digest:
+        return ":\n"
+    line = shlex.quote(f'"spec_digest": "{spec_digest}"')
+    return f"grep -qF {line} job.json 2>/dev/null || {{ echo 'built for another spec' >&2; exit 96; }}\n"
+
+
+WRONG_SPEC = 96  # built_for_check's exit code
 
 
 def docker_prefix(machine: MachineInfo) -> str:

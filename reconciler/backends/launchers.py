@@ -13,7 +13,7 @@ import shlex
 import time
 
 from ..errors import PermanentError, TemporaryError
-from .base import LaunchResult, LaunchSpec, Transport, docker_prefix, secrets_file
+from .base import WRONG_SPEC, LaunchResult, LaunchSpec, Transport, built_for_check, docker_prefix, secrets_file
 
 # How long a launch waits, on the machine, for the wrapper to write its pid.
 PID_WAIT = "i=0; while [ ! -s runtime/pid ] && [ $i -lt 100 ]; do sleep 0.02; i=$((i+1)); done"
@@ -31,6 +31,7 @@ def _launch_host(t: Transport, spec: LaunchSpec) -> LaunchResult:
     ws, ident = shlex.quote(spec.workspace), shlex.quote(spec.identity)
     script = (
         f"cd {ws} || exit 97\n"
+        + built_for_check(spec.spec_digest) +
         "mkdir -p runtime artifacts\n"
         "if [ -e runtime/launched_at ]; then echo adopted; cat runtime/pid 2>/dev/null; exit 0; fi\n"
         "date +%s > runtime/launched_at\n"
@@ -39,6 +40,7 @@ def _launch_host(t: Transport, spec: LaunchSpec) -> LaunchResult:
         "echo launched; cat runtime/pid 2>/dev/null\n"
     )
     r = t.sh(script, timeout=30)
+    _refuse_wrong_spec(t, spec, r.rc)
     if r.rc != 0:
         raise TemporaryError(f"launch on {t.machine.name} failed (exit {r.rc}): {r.err.strip()[:300]}")
     lines = r.out.split()
@@ -63,6 +65,7 @@ def _launch_docker(t: Transport, spec: LaunchSpec) -> LaunchResult:
     dp = docker_prefix(t.machine)
     script = (
         f"cd {ws} || exit 97\n"
+        + built_for_check(spec.spec_digest) +
         "mkdir -p runtime artifacts\n"
         "if [ -e runtime/container ]; then echo adopted; exit 0; fi\n"
         f"echo {ident} > runtime/container\n"
@@ -75,6 +78,7 @@ def _launch_docker(t: Transport, spec: LaunchSpec) -> LaunchResult:
         'echo "$out" > runtime/launch.err; echo "$out" >&2; exit 3\n'
     )
     r = t.sh(script, timeout=120)
+    _refuse_wrong_spec(t, spec, r.rc)
     if r.rc == 0:
         return LaunchResult(spec.identity, spec.workspace, adopted=r.out.strip() == "adopted", container=spec.identity)
     err = r.err.strip()
@@ -90,6 +94,14 @@ def _launch_docker(t: Transport, spec: LaunchSpec) -> LaunchResult:
     if r.rc == 97:
         raise TemporaryError(f"workspace {spec.workspace} missing on {t.machine.name}")
     raise TemporaryError(f"docker run on {t.machine.name} failed: {err[:300]}")
+
+
+def _refuse_wrong_spec(t: Transport, spec: LaunchSpec, rc: int) -> None:
+    if rc == WRONG_SPEC:
+        # Never start or adopt an instance under a spec it was not built from. The next pass sees
+        # the workspace's own digest and gives the desired spec a generation of its own.
+        raise TemporaryError(f"{spec.identity} on {t.machine.name} was built for another spec; not starting "
+                             "or adopting it")
 
 
 def _permanent(t: Transport, spec: LaunchSpec, message: str) -> None:

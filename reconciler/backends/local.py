@@ -44,7 +44,7 @@ class LocalTransport:
             args = dict(args, root=self.root)
         return agent_module.dispatch(args)
 
-    def stage(self, bundle: Path, identity: str) -> str:
+    def stage(self, bundle: Path, identity: str, spec_digest: str = "") -> str:
         ws = self.workspace(identity)
         if os.path.abspath(bundle) != ws:
             raise ValueError(f"local bundles are built in their workspace ({ws}), not {bundle}")

@@ -44,7 +44,7 @@ import paramiko
 from .. import bundle as bundles
 from ..errors import PermanentError, TemporaryError
 from ..runtime import probe as agent_module
-from .base import Completed, MachineInfo, docker_prefix
+from .base import WRONG_SPEC, Completed, MachineInfo, built_for_check, docker_prefix
 
 # argv words beyond this size are embedded into the agent program instead (MAX_ARG_STRLEN is 128 KiB).
 ARGV_LIMIT = 64 * 1024
@@ -270,18 +270,22 @@ class SshTransport:
 
     # ------------------------------------------------------------------ files
 
-    def stage(self, bundle: Path, identity: str) -> str:
+    def stage(self, bundle: Path, identity: str, spec_digest: str = "") -> str:
+        """Unpack the bundle as the identity's workspace, atomically. A workspace already there is
+        kept only if it was built for the same spec; one built for another is refused (exit 96)."""
         ws = self.workspace(identity)
         q = shlex.quote(ws)
         tmp = shlex.quote(posixpath.join(posixpath.dirname(ws), f".{identity}.staging"))
         script = (
-            f"if [ -f {q}/job.json ]; then echo kept; exit 0; fi\n"
+            f"if [ -f {q}/job.json ]; then cd {q} && {{\n{built_for_check(spec_digest)}}} && echo kept; exit $?; fi\n"
             f"mkdir -p {shlex.quote(posixpath.dirname(ws))} || exit 3\n"
             f"rm -rf {tmp} {q} && mkdir -p {tmp} && tar -xzf - -C {tmp} && mkdir -p {tmp}/runtime {tmp}/artifacts "
             f"&& mv {tmp} {q} && echo staged\n"
         )
         data = bundles.archive(Path(bundle))
         rc, out, err = self._exec("sh -c " + shlex.quote(script), data, self.command_timeout)
+        if rc == WRONG_SPEC:
+            raise TemporaryError(f"{identity} on {self.where} was built for another spec; not reusing it")
         if rc != 0:
             raise TemporaryError(f"staging {identity} on {self.where} failed (exit {rc}): "
                                  f"{err.decode('utf-8', 'replace').strip()[:300]}")

@@ -8,8 +8,14 @@ for this machine and sends its source over SSH (``python3 -``) for others. Stand
 it runs with whatever python3 the execution plane has.
 
 Which workspaces are reported: those of the run names asked for (any generation or attempt), and
-every workspace without a result (a process that may still be alive, possibly an orphan to fence).
-Finished workspaces of other runs are skipped, so a machine with years of history stays cheap.
+every workspace of any name that is not yet collected (a process that may still be alive, possibly
+an orphan to fence, or a fenced leftover waiting to be collected and cleaned). Collected
+workspaces of other runs are skipped, so a machine with years of history stays cheap.
+
+Each report carries the spec digest the workspace was built for (``job.json``): an instance is
+only ever adopted under the spec it was built from. A workspace that was staged but never started
+(no ``runtime/launched_at``) is ``staged``, not ``lost``: it holds no process and no result, and the
+reconciler either finishes launching it or removes it.
 """
 
 from __future__ import annotations
@@ -225,14 +231,17 @@ def probe(root, names=None, now=None):
         ws = os.path.join(root, entry)
         rt = os.path.join(ws, "runtime")
         result_text = _read(os.path.join(rt, "result.json"))
-        if m.group("name") not in names and result_text is not None:
+        collected = os.path.exists(os.path.join(rt, "collected"))
+        if m.group("name") not in names and result_text is not None and collected:
             continue
-        run = {"workspace": ws, "collected": os.path.exists(os.path.join(rt, "collected"))}
+        run = {"workspace": ws, "collected": collected}
         job = _read(os.path.join(ws, "job.json"))
         if job:
             try:
-                run["gpus"] = json.loads(job).get("payload", {}).get("gpus", [])
-            except ValueError:
+                payload = json.loads(job).get("payload", {})
+                run["gpus"] = payload.get("gpus", [])
+                run["spec_digest"] = payload.get("spec_digest")
+            except (ValueError, AttributeError):
                 pass
         started = _read(os.path.join(rt, "started_at"))
         if started and started.strip().isdigit():
@@ -267,11 +276,16 @@ def probe(root, names=None, now=None):
                 run["state"] = "running" if group_alive(run["pid"], entry, groups) else "lost"
             else:
                 launched = _read(os.path.join(rt, "launched_at"))
-                # Launched moments ago and the wrapper has not written its pid yet: still starting.
-                young = launched and launched.strip().replace(".", "", 1).isdigit() and now - float(launched) < 30
-                run["state"] = "running" if young else "lost"
-                if not young:
-                    run["message"] = "no pid and no result: the launch never started"
+                if launched is None:
+                    # Staged, never started (a launch refused before starting it, or a crash
+                    # between staging and launching): nothing ran, so nothing was lost.
+                    run["state"] = "staged"
+                else:
+                    # Launched moments ago and the wrapper has not written its pid yet: still starting.
+                    young = launched.strip().replace(".", "", 1).isdigit() and now - float(launched) < 30
+                    run["state"] = "running" if young else "lost"
+                    if not young:
+                        run["message"] = "no pid and no result: the launch never started"
         if run.get("state") == "failed" and run.get("exit_code") == PRECHECK_EXIT:
             reason = _precheck_failure(ws)
             if reason:
@@ -388,7 +402,8 @@ def finish(ws, remove=False):
 
         shutil.rmtree(ws, ignore_errors=True)
         return {"removed": True}
-    if os.path.isdir(rt):
+    if os.path.isdir(ws):  # a workspace staged but never started has no runtime/ yet
+        os.makedirs(rt, exist_ok=True)
         with open(os.path.join(rt, "collected"), "w") as fh:
             fh.write(str(time.time()))
     return {"removed": False}

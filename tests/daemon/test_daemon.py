@@ -28,7 +28,7 @@ def test_pushed_spec_is_launched_and_its_status_reaches_the_remote(world):
     assert pid and process_groups_with("hello-g1-a1") == {pid}
     assert world.merges() == []
     head = world.remote_log()[0]
-    assert head.split(" ", 1)[1].startswith("status: 1 change(s)")
+    assert head.split(" ", 1)[1].startswith("status: 1 transition(s)")
 
 
 def test_push_race_both_commits_land_history_linear(world):

@@ -22,7 +22,7 @@ from pathlib import Path
 import git
 import pytest
 
-from tests.repo_helpers import make_repo, processes_with, reconciler, status_of, workspace
+from tests.repo_helpers import make_repo, reconciler, status_of, workspace
 
 pytestmark = [pytest.mark.swift, pytest.mark.e2e]
 
@@ -59,17 +59,6 @@ def tiny_model(swift_python, tmp_path_factory) -> Path:
     p = subprocess.run([swift_python, str(MAKE_MODEL), str(out)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     return out
-
-
-@pytest.fixture
-def ws_root(tmp_path):
-    root = tmp_path / "ws"
-    yield root
-    for pid in processes_with(str(root)):  # whatever a failed test left running
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def template(python: str) -> str:

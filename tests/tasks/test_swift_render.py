@@ -16,10 +16,11 @@ from reconciler import bundle as bundles
 from reconciler import codepin
 from reconciler.errors import PermanentError
 from reconciler.spec.load import load_tree, run_digest
-from reconciler.spec.models import ExecutionTemplate, Run
+from reconciler.spec.models import SWIFT_MANAGED, ExecutionTemplate, Run, SwiftRlhfTask, SwiftSftTask
 from reconciler.spec.resolve import effective
 from reconciler.tasks import RenderContext, render
-from reconciler.tasks.swift import CONFIG_PATH, PRECHECK_ARGS, swift_config
+from reconciler.tasks.swift import (CONFIG_PATH, DEFAULTS, PRECHECK_ARGS, TYPED_SKIP, config_text, swift_arguments,
+                                    swift_arguments_version, swift_config)
 
 PRECHECK = Path(__file__).resolve().parents[2] / "reconciler" / "runtime" / "precheck.py"
 
@@ -130,8 +131,8 @@ def build_bundle(tmp_path: Path, run: Run, identity: str = "r-g1-a1", machine: s
                  python: str | None = "/opt/swift-venv/bin/python") -> Path:
     t = template(python)
     req = bundles.BundleRequest(repo_root=tmp_path / "repo", identity=identity, run=run, spec_digest=run_digest(run),
-                                spec_commit="c" * 40, template=t, effective=effective(run, t), machine=machine,
-                                python=python, spec_source_commit="d" * 40)
+                                repo_head="c" * 40, template=t, effective=effective(run, t), machine=machine,
+                                python=python, spec_commit="d" * 40)
     return bundles.build(req, tmp_path / "bundles" / identity).path
 
 
@@ -279,3 +280,111 @@ def test_dirty_code_pin_fails_the_run_with_the_reason_and_is_not_retried(tmp_pat
     again = rec.run_pass()
     assert [c.action for c in again.plan.changes] == ["none"]
     assert not (tmp_path / "ws" / "test" / "pinned-g1-a1" / "runtime").exists()
+
+
+# ---------------------------------------------------------------- the config file: emitted, never formatted by hand
+
+TRICKY = {
+    "on": "no",              # keys YAML 1.1 (ms-swift's yaml.safe_load) reads as booleans
+    "yes": "off",
+    "y": "n",
+    "x #y": "a #b",          # a comment, when written as a plain scalar
+    "null": "null",
+    "1": "1e3",              # a float in YAML 1.2, a string in YAML 1.1
+    "k: v": "- item",
+    "~": "~",
+    "text": "first line\nsecond: line\n  indented\n",
+    "trailing": "ends with a space ",
+    "quotes": "it's \"quoted\" \\ and tabbed\t",
+    "unicode": "résumé ✓",
+    "empty": "",
+    "numbers": [0, -3, 1e-5, 2.5e300, 1.0, float("inf"), True, False, None, "0x1F", "0o17", "+1", ".5", "1_000"],
+    "mapping": {"on": 1, "no": "yes", "nested #": ["2024-01-01", "12:30"]},
+}
+
+
+def _ruamel_load(text: str, typ: str):
+    from ruamel.yaml import YAML
+
+    return YAML(typ=typ, pure=True).load(text)
+
+
+def test_config_round_trips_through_yaml_1_1_and_1_2():
+    text = config_text(TRICKY)
+    assert text.startswith("# Rendered by the reconciler")
+    assert yaml.safe_load(text) == TRICKY  # YAML 1.1, as ms-swift's parse_yaml_args reads it
+    assert yaml.load(text, Loader=yaml.CSafeLoader) == TRICKY
+    assert _ruamel_load(text, "safe") == TRICKY  # YAML 1.2
+    assert _ruamel_load(text, "rt") == TRICKY
+    assert read_core(text) == TRICKY  # the reconciler's own strict loader
+
+
+def read_core(text: str):
+    from reconciler.spec.yamlsafe import fast_load
+
+    return fast_load(text)
+
+
+def test_rendered_config_round_trips_and_keeps_its_order():
+    run = run_model({"learning_rate": 1e-5, "max_steps": 10, "template": "null", "model_type": "yes",
+                     "args": {"warmup_ratio": 1e-3, "report_to": "on", "lr_scheduler_type": "no",
+                              "max_grad_norm": 1e6, "system": "You are\na model # not a comment\n"}})
+    cfg = swift_config(run.spec.task, RenderContext(identity="r-g1-a1", python=None))
+    text = render(run.spec.task, RenderContext(identity="r-g1-a1", python=None)).files[CONFIG_PATH].decode()
+    for loaded in (yaml.safe_load(text), _ruamel_load(text, "safe")):
+        assert loaded == cfg and list(loaded) == list(cfg)
+        assert loaded["learning_rate"] == 1e-5 and loaded["warmup_ratio"] == 1e-3 and loaded["max_grad_norm"] == 1e6
+    # What the docs show: booleans and numbers plain, strings double-quoted.
+    assert "check_model: false\n" in text and 'report_to: "on"\n' in text and "max_steps: 10\n" in text
+
+
+def test_config_keys_are_plain_only_when_unambiguous():
+    lines = config_text({"learning_rate": 1e-4, "on": 1, "x #y": 2, "1e3": 3, "y": 4}).splitlines()[1:]
+    assert lines == ["learning_rate: 0.0001", "'on': 1", "'x #y': 2", "'1e3': 3", "'y': 4"]
+
+
+# ---------------------------------------------------------------- ms-swift's argument names
+
+
+def test_argument_lists_hold_what_the_reconciler_writes():
+    sft, rlhf = swift_arguments("sft"), swift_arguments("rlhf")
+    assert sft <= rlhf and "rlhf_type" in rlhf - sft
+    skip = TYPED_SKIP
+    assert set(SwiftSftTask.model_fields) - skip <= sft
+    assert set(SwiftRlhfTask.model_fields) - skip <= rlhf
+    assert set(DEFAULTS) <= sft and set(SWIFT_MANAGED) <= sft
+    assert "train_type" not in rlhf and "ENV" not in rlhf  # renamed; and ms-swift's env-setting config key
+    assert swift_arguments_version() == "4.6.0"
+
+
+def test_argument_list_ships_with_the_package():
+    """The list is read from the installed package, so the wheel must carry it (pyproject package-data)."""
+    import tomllib
+
+    meta = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert "*.json" in meta["tool"]["setuptools"]["package-data"]["reconciler.tasks"]
+
+
+@pytest.mark.parametrize("args, expected", [
+    ("{lora_rnk: 8}", "specs/r.yaml:10:12: spec.task.args.lora_rnk: 'lora_rnk' is not an argument of ms-swift's "
+                      "'swift sft' (did you mean 'lora_rank'?)"),
+    ("{beta: 0.1}", "specs/r.yaml:10:12: spec.task.args.beta: 'beta' is not an argument of ms-swift's 'swift sft' "
+                    "(it is one of 'swift rlhf'; this task runs 'swift sft')"),
+    ("{output-dir: /x}", "specs/r.yaml:10:12: spec.task.args.output-dir: 'output-dir' is not an argument of "
+                         "ms-swift's 'swift sft' (did you mean 'output_dir'?)"),
+    ("{ENV: {A: b}}", "specs/r.yaml:10:12: spec.task.args.ENV: 'ENV' is not an argument of ms-swift's 'swift sft'"),
+])
+def test_unknown_args_are_located_with_a_hint(tmp_path, args, expected):
+    diags = validate(tmp_path, f"type: swift-sft\nmodel: m\ndataset: [d]\nargs: {args}\n")
+    assert diags == [expected]
+
+
+def test_unknown_and_managed_args_are_reported_together(tmp_path):
+    """The managed key keeps its own message; the unknown one beside it is not hidden by it."""
+    ok = "type: swift-rlhf\nrlhf_type: dpo\nmodel: m\ndataset: [d]\nargs: {rpo_alpha: 0.1, warmup_ratio: 0.05}\n"
+    assert validate(tmp_path / "a", ok) == []
+    diags = validate(tmp_path / "b", "type: swift-sft\nmodel: m\ndataset: [d]\nargs: {add_version: true, lora_rnk: 8}\n")
+    assert diags == ["specs/r.yaml:10:12: spec.task.args.add_version: 'add_version' is managed by the reconciler "
+                     "(artifacts and resume)",
+                     "specs/r.yaml:10:31: spec.task.args.lora_rnk: 'lora_rnk' is not an argument of ms-swift's "
+                     "'swift sft' (did you mean 'lora_rank'?)"]
