@@ -282,7 +282,9 @@ def _stop(name: str, entry: RunEntry | None, prev: RunStatus | None, world: Obse
         return Change(name, "collect", code, f"{why}; {ended.identity} had already {ended.state}{exit_note}",
                       phase, p.generation if p else gen, p.attempt if p else att, identity=ended.identity,
                       machine=ended.machine, workspace=ended.workspace, exit_code=ended.exit_code,
-                      spec_digest=digest or (prev.spec.digest if prev else None),
+                      # The spec that attempt ran, not the one that stops it: the end belongs to it
+                      # (so flipping Stopped back gives the same result whenever passes ran).
+                      spec_digest=ended.spec_digest or (prev.spec.digest if prev else None),
                       spec_path=path or (prev.spec.path if prev else None))
     unknown = _on_unreachable(world, prev)
     if unknown:

@@ -310,6 +310,23 @@ def test_deleting_a_finished_uncollected_run_keeps_its_end(tmp_path, ws_root, co
     assert [c.action for c in rec.run_pass().plan.changes] == ["none"]
 
 
+def test_stop_flip_after_an_unseen_failure_ends_as_if_the_failure_had_been_seen(tmp_path, ws_root):
+    argv = ["sh", "-c", "exit 1"]
+    repo_dir = make_repo(tmp_path / "repo", {"x": run_spec("x", argv)})
+    rec = reconciler(repo_dir, ws_root)
+    rec.run_pass()
+    wait_for(lambda: result_of(ws_root, "x-g1-a1"), what="x-g1-a1 to fail")  # no pass sees it fail
+    (repo_dir / "specs/runs/x.yaml").write_text(run_spec("x", argv, desired="Stopped"))
+    commit_all(repo_dir, "stop x")
+    rec.run_pass()
+    assert (status_of(repo_dir, "x").phase, status_of(repo_dir, "x").exit_code) == ("Failed", 1)
+    (repo_dir / "specs/runs/x.yaml").write_text(run_spec("x", argv))
+    commit_all(repo_dir, "run x again, unchanged")
+    assert [c.action for c in rec.run_pass().plan.changes] == ["none"]
+    st = status_of(repo_dir, "x")
+    assert (st.phase, st.generation, st.attempt) == ("Failed", 1, 1)
+
+
 # ---------------------------------------------------------------- fenced leftovers
 
 
