@@ -233,7 +233,10 @@ def make_plan(desired: DesiredState, world: ObservedWorld, previous: dict[str, R
         plan.changes.extend(_running(name, entry, prev, world, desired, slots, settings, now,
                                      missing_secrets.get(name, [])))
     for name, secrets in sorted(missing_secrets.items()):
-        if secrets and name in desired.runs and name not in settled:
+        entry, change = desired.runs.get(name), plan.for_run(name)
+        # Only where a launch may still come: not for a stopped run, nor for one that has ended.
+        if (secrets and entry is not None and entry.run.spec.desiredState != "Stopped"
+                and change is not None and change.phase not in TERMINAL):
             plan.warnings.append(f"{name}: secret(s) {', '.join(secrets)} not set on the reconciler host; "
                                  "its launches wait until they are")
     plan.changes.extend(_fences(plan, world, invalid))
