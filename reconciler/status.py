@@ -356,6 +356,14 @@ def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_com
         if change.exit_code is not None or change.phase in ("Succeeded", "Failed"):
             st.exit_code = change.exit_code if change.exit_code is not None else st.exit_code
         st.retry_at = iso(now + change.retry_after) if change.code == "BackOff" and change.retry_after else None
+        if obs is not None and change.identity == obs.identity and (
+                st.handle is None or st.handle.identity != obs.identity):
+            # The change is about an instance the status does not name yet (launched by a pass
+            # whose status never reached git, then found ended): the handle must name it, or the
+            # status would pin its end to another instance under this spec.
+            st.handle = Handle(backend=change.backend, machine=obs.machine, identity=obs.identity,
+                               workspace=obs.workspace, pid=obs.pid, container=obs.container, gpus=list(obs.gpus),
+                               launched_at=iso(obs.started_at) if obs.started_at else None)
         if st.handle is not None and obs is not None and obs.pid and st.handle.identity == obs.identity:
             st.handle.pid = st.handle.pid or obs.pid
         _conditions(st, change, now)

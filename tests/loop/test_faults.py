@@ -117,6 +117,25 @@ def test_a_finished_instance_of_another_spec_never_lends_its_result(tmp_path, ws
     assert (st.phase, st.exit_code, st.generation) == ("Succeeded", 0, 2)
 
 
+def test_an_unrecorded_attempt_found_ended_is_the_one_the_status_names(tmp_path, ws_root):
+    origin = _origin_with(tmp_path, {"x": run_spec("x", ["true"])})
+    first = _clone(origin, tmp_path / "vm-1")
+    rec = reconciler(first, ws_root)
+    rec.run_pass()
+    wait_for(lambda: result_of(ws_root, "x-g1-a1"), what="x-g1-a1 to finish")
+    rec.run_pass()
+    _git(first, "push", "-q", "origin", "HEAD:main")  # g1 Succeeded is on the remote
+    _user_push(origin, tmp_path, lambda u: (u / "specs/runs/x.yaml").write_text(run_spec("x", ["sh", "-c", "exit 7"])))
+    _git(first, "pull", "-q", "--rebase", "origin", "main")
+    rec.run_pass(commit=False)  # launches x-g2-a1; this status never reaches the remote
+    wait_for(lambda: result_of(ws_root, "x-g2-a1"), what="x-g2-a1 to fail")
+    fresh = _clone(origin, tmp_path / "vm-2")
+    reconciler(fresh, ws_root).run_pass()
+    st = status_of(fresh, "x")
+    assert (st.phase, st.exit_code, st.generation) == ("Failed", 7, 2)
+    assert st.handle.identity == "x-g2-a1" and st.spec.digest == _job_digest(ws_root, "x-g2-a1")
+
+
 def test_launch_refuses_to_start_or_adopt_a_workspace_built_for_another_spec(tmp_path):
     t = LocalTransport(MachineInfo("local", str(tmp_path / "ws")))
     ws = Path(t.workspace("x-g1-a1"))
