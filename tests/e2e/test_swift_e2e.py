@@ -21,6 +21,7 @@ from pathlib import Path
 
 import git
 import pytest
+import yaml
 
 from tests.repo_helpers import make_repo, reconciler, status_of, workspace
 
@@ -185,9 +186,9 @@ def test_sft_succeeds_with_progress_checkpoints_manifest_and_nvml_event(tmp_path
     assert set(st.progress) == {"step", "max_steps", "loss", "learning_rate", "epoch", "updated_at"}
 
     # The rendered config: bundle-relative staged paths, the reconciler's output_dir.
-    cfg = (ws / "scripts" / "swift-config.yaml").read_text()
-    assert 'model: "inputs/models/tiny-qwen2"' in cfg and 'dataset: ["inputs/data/sft.jsonl"]' in cfg
-    assert 'output_dir: "artifacts/output"' in cfg and "add_version: false" in cfg
+    cfg = yaml.safe_load((ws / "scripts" / "swift-config.yaml").read_text())  # as a YAML 1.1 reader sees it
+    assert cfg["model"] == "inputs/models/tiny-qwen2" and cfg["dataset"] == ["inputs/data/sft.jsonl"]
+    assert cfg["output_dir"] == "artifacts/output" and cfg["add_version"] is False
     assert (ws / "scripts" / "precheck.args").read_text() == "--expect-swift-version\n4.6.0\n"
 
     out = ws / "artifacts" / "output"
