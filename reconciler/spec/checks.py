@@ -246,6 +246,8 @@ def host_key_problem(value: str) -> str | None:
     A trailing comment (the third field of a .pub line) is allowed: the SSH transport ignores it.
     """
     parts = value.split()
+    if not parts:
+        return f"is empty; {HOST_KEY_FORMAT}"
     kind = parts[0]
     if kind not in HOST_KEY_FIELDS:
         if len(parts) > 1 and parts[1] in HOST_KEY_FIELDS:

@@ -1,9 +1,15 @@
 """The desired-state objects users write: Run, ExecutionTemplate and Fleet.
 
 These models are strict on write: unknown keys are errors, and values are not coerced (``"2"`` is
-not a GPU count). They carry descriptions and examples because ``reconcile schema`` turns them into
-the JSON Schemas that editors use to complete and check specs. Checks that need more than one file
-(does the template exist, is the name unique) live in ``checks.py``.
+not a GPU count). Every field carries a description (and examples where they help) because
+``reconcile schema`` turns the models into the JSON Schemas that editors use to complete, explain
+and check specs (tests/spec/test_schema.py asserts that no property goes without one).
+
+Some rules are validators here or checks in ``checks.py``, because they give located messages of
+their own; where JSON Schema can say the same thing, the field also carries it for the schema only
+(``json_schema_extra``: a pattern, ``uniqueItems``), so an editor shows it as you type. The rules that
+span fields of one file (a docker template needs an image) are added by ``schema.py``. Checks that
+need more than one file (does the template exist, is the name unique) live in ``checks.py`` only.
 """
 
 from __future__ import annotations
@@ -23,6 +29,26 @@ OVERRIDABLE = ("target", "resources", "runtime_env", "image", "detach")
 # ms-swift arguments the reconciler sets itself (artifacts location and resume); never in args.
 SWIFT_MANAGED = ("output_dir", "add_version", "resume_from_checkpoint")
 
+# ---------------------------------------------------------------- schema-only rules
+# Patterns and messages the JSON Schemas carry for rules the code checks itself (with its own,
+# located message). ``patternErrorMessage`` is what yaml-language-server (VS Code, Neovim, ...)
+# shows instead of the bare pattern; other validators ignore the keyword.
+
+DNS_LABEL_MESSAGE = ("not a DNS label: lowercase letters, digits and '-', starting and ending with a letter or "
+                     "digit, at most 63 characters")
+ENV_NAME_MESSAGE = "not a valid environment variable name (letters, digits and '_', not starting with a digit)"
+COMMIT_MESSAGE = "must be exactly 40 lowercase hex characters (a commit, not a branch or tag)"
+# No '..' segment anywhere ("..", "../x", "x/..", "x/../y").
+_NO_DOTDOT = r"(?!(?:.*/)?\.\.(?:/|$))"
+# spec.inputs: relative, no '..', '/' separators, no surrounding spaces, not into status/, .git/ or
+# .reconciler/ (checks.input_problem says the same, and also that the path exists).
+INPUT_PATH = (r"^(?!/)" + _NO_DOTDOT + r"(?!(?:\./)*(?:status|\.git|\.reconciler)(?:/|$))(?!\s)(?![\s\S]*\s$)"
+              r"[^\\\x00]+$")
+INPUT_PATH_MESSAGE = ("must be a path relative to the repository root, with '/' separators, no '..' and no "
+                      "surrounding spaces, outside status/, .git/ and .reconciler/")
+CODE_PATH = _NO_DOTDOT.join(("^", r"[A-Za-z0-9_.][A-Za-z0-9_.\-]*(/[A-Za-z0-9_.][A-Za-z0-9_.\-]*)*$"))
+SWIFT_FORK = "^inputs/" + _NO_DOTDOT + r".*\.json$"
+
 
 def is_dns_label(value: Any) -> bool:
     """What ``Metadata.name`` accepts. Status files are named after runs, so only such a name may
@@ -34,42 +60,62 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=False)
 
 
+EnvName = Annotated[str, Field(pattern=ENV_NAME)]
+# Maps of environment variables: schema.py turns their key pattern into ``propertyNames`` (so a bad
+# name is refused, not just left unchecked) and adds the literal-secret rules of checks.py.
+EnvMap = dict[EnvName, str]
+
+
 class Metadata(Strict):
+    """Who the object is: its name, and labels and notes for people and tools."""
+
     name: str = Field(
         pattern=DNS_LABEL,
         max_length=DNS_LABEL_MAX,
-        description="DNS label (lowercase letters, digits, '-'); equals the file name without .yaml.",
+        description="DNS label (lowercase letters, digits, '-'; at most 63 characters); equals the file name "
+                    "without .yaml, and names the status file status/<name>.yaml.",
         examples=["llama-sft-v2"],
+        json_schema_extra={"patternErrorMessage": DNS_LABEL_MESSAGE},
     )
-    labels: dict[str, str] = Field(default_factory=dict, description="Free-form string labels.")
-    annotations: dict[str, str] = Field(default_factory=dict, description="Free-form notes.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Free-form string labels (key: value), "
+                                   "for people and tools; the reconciler does not interpret them.",
+                                   examples=[{"team": "nlp"}])
+    annotations: dict[str, str] = Field(default_factory=dict, description="Free-form notes (key: value); never "
+                                        "a secret.", examples=[{"ticket": "ML-123"}])
 
 
 class Resources(Strict):
-    gpu_type: str | None = Field(None, description="GPU model wanted, e.g. H100; any when unset.", examples=["H100"])
-    gpu_count: int = Field(0, ge=0, le=64, description="GPUs per run.")
-    cpu_count: int | None = Field(None, ge=1, le=1024, description="CPU cores per run.")
-    memory_gb: float | None = Field(None, gt=0, le=16384, description="Host memory per run, GB.")
+    """What one run needs on its machine."""
+
+    gpu_type: str | None = Field(None, description="GPU model wanted (matched without regard to case against a "
+                                 "machine's GPU types), e.g. H100; any GPU when unset. Needs gpu_count >= 1.",
+                                 examples=["H100"])
+    gpu_count: int = Field(0, ge=0, le=64, description="GPUs per run (0: no GPU).", examples=[1])
+    cpu_count: int | None = Field(None, ge=1, le=1024, description="CPU cores per run.", examples=[8])
+    memory_gb: float | None = Field(None, gt=0, le=16384, description="Host memory per run, in GB.", examples=[64])
 
 
 class ResourcesOverride(Strict):
     """Resources as an override: only the keys given replace the template's."""
 
-    gpu_type: str | None = None
-    gpu_count: int | None = Field(None, ge=0, le=64)
-    cpu_count: int | None = Field(None, ge=1, le=1024)
-    memory_gb: float | None = Field(None, gt=0, le=16384)
+    gpu_type: str | None = Field(None, description="Replaces the template's gpu_type; needs GPUs (here or in "
+                                 "the template's defaults).", examples=["H100"])
+    gpu_count: int | None = Field(None, ge=0, le=64, description="Replaces the template's gpu_count.", examples=[2])
+    cpu_count: int | None = Field(None, ge=1, le=1024, description="Replaces the template's cpu_count.")
+    memory_gb: float | None = Field(None, gt=0, le=16384, description="Replaces the template's memory_gb (GB).")
 
 
 # ---------------------------------------------------------------- tasks
 
 
 class CommandTask(Strict):
-    type: Literal["command"]
-    argv: list[str] = Field(min_length=1, description="Program and arguments; no shell.", examples=[["python", "train.py"]])
-    env: dict[Annotated[str, Field(pattern=ENV_NAME)], str] = Field(
-        default_factory=dict, description="Plain environment variables. Secrets belong in spec.secrets."
-    )
+    """A program started from the bundle's root (staged inputs are under inputs/), without a shell."""
+
+    type: Literal["command"] = Field(description="Task type: a plain command.")
+    argv: list[str] = Field(min_length=1, description="Program and arguments; no shell (write ['sh', '-c', "
+                            "'...'] for one).", examples=[["python", "train.py", "--epochs", "3"]])
+    env: EnvMap = Field(default_factory=dict, description="Plain environment variables for the command. Secrets "
+                        "belong in spec.secrets (names only), never here.", examples=[{"WANDB_MODE": "offline"}])
 
 
 class SwiftRequires(Strict):
@@ -83,6 +129,8 @@ class SwiftRequires(Strict):
                     "swift package must match (tree_sha256). When the manifest has a 'root', that folder is put "
                     "first on PYTHONPATH so the staged fork is the one imported.",
         examples=["inputs/forks/acme-swift/FORK_MANIFEST.json"],
+        json_schema_extra={"pattern": SWIFT_FORK, "patternErrorMessage": "must be a staged JSON file: "
+                           "inputs/<path listed in spec.inputs>/FORK_MANIFEST.json, without '..'"},
     )
 
     @field_validator("swift_fork")
@@ -94,38 +142,57 @@ class SwiftRequires(Strict):
 
 
 TUNER_TYPES = ("full", "lora", "longlora", "adalora", "llamapro", "adapter", "vera", "boft", "fourierft", "reft")
+_STEPS = "Optimizer steps"
 
 
 class SwiftCommon(Strict):
-    model: str = Field(description="Model id or path on the execution plane (or under inputs/).", examples=["Qwen/Qwen2.5-7B-Instruct"])
-    model_type: str | None = Field(None, description="ms-swift model type; needed for local model folders.", examples=["qwen2"])
-    template: str | None = Field(None, description="ms-swift chat template.", examples=["qwen"])
-    dataset: list[str] = Field(min_length=1, description="Datasets: ids or paths (inputs/... for staged files).")
-    val_dataset: list[str] = Field(default_factory=list)
-    tuner_type: Literal[TUNER_TYPES] = Field("lora", description="ms-swift 4 name; ms-swift 3 called it train_type.")  # type: ignore[valid-type]
-    max_steps: int | None = Field(None, ge=1)
-    num_train_epochs: float | None = Field(None, gt=0)
-    learning_rate: float | None = Field(None, gt=0, lt=1)
-    per_device_train_batch_size: int | None = Field(None, ge=1)
-    per_device_eval_batch_size: int | None = Field(None, ge=1)
-    gradient_accumulation_steps: int | None = Field(None, ge=1)
-    max_length: int | None = Field(None, ge=1)
-    torch_dtype: Literal["bfloat16", "float16", "float32"] | None = None
-    lora_rank: int | None = Field(None, ge=1)
-    lora_alpha: int | None = Field(None, ge=1)
-    save_steps: int | None = Field(None, ge=1)
-    eval_steps: int | None = Field(None, ge=1)
-    logging_steps: int | None = Field(None, ge=1)
-    save_total_limit: int | None = Field(None, ge=1)
-    seed: int | None = None
+    model: str = Field(description="Model id (hub) or path on the execution plane; a staged model folder is "
+                       "inputs/<path>.", examples=["Qwen/Qwen2.5-7B-Instruct"])
+    model_type: str | None = Field(None, description="ms-swift model type; needed for local model folders.",
+                                   examples=["qwen2"])
+    template: str | None = Field(None, description="ms-swift chat template; needed for local model folders.",
+                                 examples=["qwen"])
+    dataset: list[str] = Field(min_length=1, description="Training datasets: hub ids or paths (inputs/... for "
+                               "staged files); ms-swift's 'path#N' samples N rows.",
+                               examples=[["inputs/data/train.jsonl"]])
+    val_dataset: list[str] = Field(default_factory=list, description="Validation datasets, written like dataset.",
+                                   examples=[["inputs/data/val.jsonl"]])
+    tuner_type: Literal[TUNER_TYPES] = Field("lora", description="How the model is tuned: full fine-tuning or an "
+                                             "adapter (ms-swift 4's name; ms-swift 3 called it train_type).")  # type: ignore[valid-type]
+    max_steps: int | None = Field(None, ge=1, description=f"{_STEPS} to train for; overrides num_train_epochs.",
+                                  examples=[2000])
+    num_train_epochs: float | None = Field(None, gt=0, description="Passes over the training data.", examples=[3])
+    learning_rate: float | None = Field(None, gt=0, lt=1, description="Peak learning rate.", examples=[1.0e-4])
+    per_device_train_batch_size: int | None = Field(None, ge=1, description="Training batch size per GPU.",
+                                                    examples=[1])
+    per_device_eval_batch_size: int | None = Field(None, ge=1, description="Evaluation batch size per GPU.")
+    gradient_accumulation_steps: int | None = Field(None, ge=1, description="Batches accumulated per optimizer "
+                                                    "step.", examples=[16])
+    max_length: int | None = Field(None, ge=1, description="Longest sequence in tokens; longer rows are truncated "
+                                   "or dropped (ms-swift's truncation_strategy).", examples=[2048])
+    torch_dtype: Literal["bfloat16", "float16", "float32"] | None = Field(None, description="Dtype the model is "
+                                                                          "loaded in.")
+    lora_rank: int | None = Field(None, ge=1, description="LoRA rank (LoRA tuner types only).", examples=[8])
+    lora_alpha: int | None = Field(None, ge=1, description="LoRA alpha (LoRA tuner types only).", examples=[32])
+    save_steps: int | None = Field(None, ge=1, description=f"{_STEPS} between checkpoints (what a relaunch "
+                                   "resumes from).", examples=[100])
+    eval_steps: int | None = Field(None, ge=1, description=f"{_STEPS} between evaluations.")
+    logging_steps: int | None = Field(None, ge=1, description=f"{_STEPS} between log lines (the run's progress "
+                                      "in its status).", examples=[5])
+    save_total_limit: int | None = Field(None, ge=1, description="Checkpoints kept; older ones are deleted.",
+                                         examples=[2])
+    seed: int | None = Field(None, description="Random seed.", examples=[42])
     requires: SwiftRequires | None = Field(None, description="Declared ms-swift version or fork; a mismatch fails "
                                            "the run before training, with the reason in its status.")
     resume: Literal["auto", "never"] = Field(
-        "auto", description="auto: a relaunch resumes from the latest checkpoint of the previous attempt."
+        "auto", description="auto: a relaunch resumes from the latest checkpoint of the previous attempt; never: "
+                            "every attempt starts from scratch."
     )
     args: dict[str, Any] = Field(
         default_factory=dict,
-        description="Any other ms-swift argument, passed through unchanged (scalars or lists).",
+        description="Any other argument of the ms-swift command, passed through unchanged (scalars, lists, or "
+                    "maps of scalars). Not the typed fields above, nor output_dir, add_version and "
+                    "resume_from_checkpoint, which the reconciler sets.",
         examples=[{"warmup_ratio": 0.05, "gradient_checkpointing": True}],
     )
 
@@ -161,8 +228,11 @@ class SwiftCommon(Strict):
         return v
 
 
+PLAIN_DEPTH = 3  # how deep _is_plain lets args values nest (schema.py writes the same limit)
+
+
 def _is_plain(v: Any, depth: int = 0) -> bool:
-    if depth > 3:
+    if depth > PLAIN_DEPTH:
         return False
     if isinstance(v, (str, int, float, bool)) or v is None:
         return True
@@ -174,18 +244,24 @@ def _is_plain(v: Any, depth: int = 0) -> bool:
 
 
 class SwiftSftTask(SwiftCommon):
-    type: Literal["swift-sft"]
+    """Supervised fine-tuning with ms-swift (``swift sft``)."""
+
+    type: Literal["swift-sft"] = Field(description="Task type: ms-swift supervised fine-tuning (swift sft).")
 
 
 RLHF_TYPES = ("dpo", "orpo", "simpo", "kto", "cpo", "rm", "ppo", "grpo", "gkd")
 
 
 class SwiftRlhfTask(SwiftCommon):
-    type: Literal["swift-rlhf"]
+    """Preference or reinforcement learning with ms-swift (``swift rlhf``)."""
+
+    type: Literal["swift-rlhf"] = Field(description="Task type: ms-swift preference or RL training (swift rlhf).")
     rlhf_type: Literal[RLHF_TYPES] = Field(description="Preference or RL algorithm.", examples=["dpo"])  # type: ignore[valid-type]
-    beta: float | None = Field(None, gt=0)
-    ref_model: str | None = None
-    reward_funcs: list[str] = Field(default_factory=list, description="grpo: reward functions.")
+    beta: float | None = Field(None, gt=0, description="KL or preference strength (not for rlhf_type rm).",
+                               examples=[0.1])
+    ref_model: str | None = Field(None, description="Reference model id or path (defaults to the model itself).")
+    reward_funcs: list[str] = Field(default_factory=list, description="grpo only: reward functions (or set "
+                                    "args.reward_model).", examples=[["accuracy", "format"]])
 
     @model_validator(mode="after")
     def _rlhf(self):
@@ -198,16 +274,25 @@ class SwiftRlhfTask(SwiftCommon):
         return self
 
 
+TASK_TYPES = {"command": CommandTask, "swift-sft": SwiftSftTask, "swift-rlhf": SwiftRlhfTask}
 Task = Annotated[Union[CommandTask, SwiftSftTask, SwiftRlhfTask], Field(discriminator="type")]
 
 # ---------------------------------------------------------------- run
 
 
 class CodePin(Strict):
-    repo: str = Field(description="Upstream code repository URL or path.", examples=["https://github.com/org/trainer.git"])
-    commit: str = Field(description="Exact 40-hex commit; branches and tags move, so they are refused.")
+    """Upstream code checked out at an exact commit and staged with the run."""
+
+    repo: str = Field(description="Upstream code repository: a URL git can clone, or a path on the reconciler "
+                      "host.", examples=["https://github.com/org/trainer.git"])
+    commit: str = Field(description="Exact 40-hex commit; branches and tags move, so they are refused.",
+                        examples=["0123456789abcdef0123456789abcdef01234567"],
+                        json_schema_extra={"pattern": SHA1_HEX.pattern, "patternErrorMessage": COMMIT_MESSAGE})
     path: str = Field("code", pattern=r"^[A-Za-z0-9_.][A-Za-z0-9_.\-]*(/[A-Za-z0-9_.][A-Za-z0-9_.\-]*)*$",
-                      description="Folder under inputs/ the code is checked out into (relative, no '..').")
+                      description="Folder under inputs/ the code is checked out into (relative, no '..').",
+                      examples=["code"],
+                      json_schema_extra={"pattern": CODE_PATH, "patternErrorMessage": "must be a relative folder "
+                                         "(letters, digits, '_', '.', '-' and '/'), without '..'"})
 
     @field_validator("path")
     @classmethod
@@ -220,84 +305,134 @@ class CodePin(Strict):
     @classmethod
     def _hex(cls, v: str) -> str:
         if not SHA1_HEX.match(v):
-            raise ValueError("must be exactly 40 lowercase hex characters (a commit, not a branch or tag)")
+            raise ValueError(COMMIT_MESSAGE)
         return v
 
 
 class RestartPolicy(Strict):
-    maxRetries: int = Field(0, ge=0, le=100, description="Relaunches after a failure.")
-    backoffSeconds: float = Field(10, ge=0, le=86400, description="Wait before each relaunch.")
+    """What happens when an attempt fails."""
+
+    maxRetries: int = Field(0, ge=0, le=100, description="Relaunches after a failure (0: a failed run stays "
+                            "Failed).", examples=[3])
+    backoffSeconds: float = Field(10, ge=0, le=86400, description="Seconds to wait before each relaunch.",
+                                  examples=[60])
 
 
 class Overrides(Strict):
-    target: str | None = None
-    resources: ResourcesOverride | None = None
-    runtime_env: dict[Annotated[str, Field(pattern=ENV_NAME)], str] | None = None
-    image: str | None = None
-    detach: bool | None = None
+    """Per-run changes to the template's defaults; only the keys its allow_overrides lists."""
+
+    target: str | None = Field(None, description="Fleet or machine name to run on (ssh placement).",
+                               examples=["lab"])
+    resources: ResourcesOverride | None = Field(None, description="Resources; only the keys given replace the "
+                                                "template's.")
+    runtime_env: EnvMap | None = Field(None, description="Environment variables added to the template's "
+                                       "runtime_env (same name: this value wins); never secrets.",
+                                       examples=[{"NCCL_DEBUG": "WARN"}])
+    image: str | None = Field(None, description="Container image (docker launches only).",
+                              examples=["registry.example/trainer:1.4"])
+    detach: bool | None = Field(None, description="Replaces the template's detach.")
 
 
 class Stall(Strict):
-    afterSeconds: float = Field(600, gt=0, description="No progress for this long sets the Stalled condition.")
-    action: Literal["condition", "terminate"] = "condition"
+    """What counts as a stalled run, and what to do about it."""
+
+    afterSeconds: float = Field(600, gt=0, le=30 * 86400, description="No training progress for this many "
+                                "seconds sets the Stalled condition.", examples=[900])
+    action: Literal["condition", "terminate"] = Field("condition", description="condition: only report it "
+                                                      "(condition Stalled); terminate: also stop the run.")
 
 
 class RunSpec(Strict):
-    template: str = Field(description="Id of an execution template.", examples=["local-host"])
-    overrides: Overrides = Field(default_factory=Overrides, description="Only keys the template allows.")
-    task: Task
-    inputs: list[str] = Field(default_factory=list, description="Repository-relative files or folders staged into inputs/.")
-    code: CodePin | None = None
-    desiredState: Literal["Running", "Stopped"] = "Running"
-    restartPolicy: RestartPolicy = Field(default_factory=RestartPolicy)
-    secrets: list[Annotated[str, Field(pattern=ENV_NAME)]] = Field(
-        default_factory=list, description="Names resolved on the reconciler host at launch; never values.", examples=[["HF_TOKEN"]]
+    """What to run, where, and what to do when it fails."""
+
+    template: str = Field(description="Id of an execution template (a file in execution_templates/).",
+                          examples=["local-host"])
+    overrides: Overrides = Field(default_factory=Overrides, description="Changes to the template's defaults; "
+                                 "only the keys the template's allow_overrides lists.")
+    task: Task = Field(description="What the run executes; its type picks the fields: command (argv, env), "
+                       "swift-sft or swift-rlhf (ms-swift training).")
+    inputs: list[Annotated[str, Field(json_schema_extra={"pattern": INPUT_PATH,
+                                                         "patternErrorMessage": INPUT_PATH_MESSAGE})]] = Field(
+        default_factory=list, description="Repository files or folders (relative paths, no '..'), each staged "
+                                          "into the bundle as inputs/<path>.", examples=[["data/train.jsonl"]],
+        json_schema_extra={"uniqueItems": True})
+    code: CodePin | None = Field(None, description="Optional pin of upstream code at an exact commit, staged "
+                                 "under inputs/<code.path>.")
+    desiredState: Literal["Running", "Stopped"] = Field("Running", description="Running: launch it (again, after "
+                                                        "a change); Stopped: terminate it if it runs.")
+    restartPolicy: RestartPolicy = Field(default_factory=RestartPolicy, description="Relaunches after a failure.")
+    secrets: list[Annotated[EnvName, Field(json_schema_extra={"patternErrorMessage": ENV_NAME_MESSAGE})]] = Field(
+        default_factory=list, description="Names of secrets, resolved on the reconciler host at launch and set as "
+                                          "environment variables of the same name; never values.",
+        examples=[["HF_TOKEN"]], json_schema_extra={"uniqueItems": True}
     )
-    stall: Stall | None = None
+    stall: Stall | None = Field(None, description="Optional: no progress for stall.afterSeconds sets the Stalled "
+                                "condition (or terminates the run).")
 
 
 class Run(Strict):
     """A training run: what to run, where, and what to do when it fails."""
 
-    apiVersion: Literal["reconciler/v1"]
-    kind: Literal["Run"]
-    metadata: Metadata
-    spec: RunSpec
+    apiVersion: Literal["reconciler/v1"] = Field(description="Version of the spec language.")
+    kind: Literal["Run"] = Field(description="What this file describes: a training run.")
+    metadata: Metadata = Field(description="The run's name (its file name) and labels.")
+    spec: RunSpec = Field(description="The run's desired state.")
 
 
 # ---------------------------------------------------------------- execution templates
 
 
 class Placement(Strict):
-    kind: Literal["local", "ssh"] = Field(description="local: this machine; ssh: a Fleet machine.")
+    """Where runs go."""
+
+    kind: Literal["local", "ssh"] = Field(description="local: this machine; ssh: a machine of a Fleet.")
 
 
 class LaunchMode(Strict):
-    kind: Literal["host_process", "docker"]
-    network: Literal["none", "host"] = Field("none", description="docker: container network.")
-    pull: bool = Field(False, description="docker: allow pulling a missing image.")
+    """How runs are started on their machine."""
+
+    kind: Literal["host_process", "docker"] = Field(description="host_process: a process group on the machine; "
+                                                    "docker: a container (needs an image).")
+    network: Literal["none", "host"] = Field("none", description="docker: the container's network (none, or the "
+                                             "host's).")
+    pull: bool = Field(False, description="docker: allow pulling a missing image (otherwise it must be on the "
+                       "machine already).")
 
 
 class TemplateDefaults(Strict):
-    target: str | None = Field(None, description="Fleet or machine name for ssh placement.")
-    detach: bool = True
-    image: str | None = Field(None, description="Container image for docker launches.")
-    resources: Resources = Field(default_factory=Resources)
-    runtime_env: dict[Annotated[str, Field(pattern=ENV_NAME)], str] = Field(default_factory=dict)
-    python: str | None = Field(None, description="Execution plane's python for ms-swift tasks.", examples=["/opt/swift/bin/python"])
+    """Settings every run of the template gets, unless it overrides them."""
+
+    target: str | None = Field(None, description="Fleet or machine name for ssh placement (any fleet machine "
+                               "when unset); not for local placement.", examples=["lab"])
+    detach: bool = Field(True, description="Run detached from the reconciler: the run keeps going when the "
+                         "reconciler or its connection goes away.")
+    image: str | None = Field(None, description="Container image for docker launches.",
+                              examples=["registry.example/trainer:1.4"])
+    resources: Resources = Field(default_factory=Resources, description="What each run needs: GPUs, CPUs, "
+                                 "memory.")
+    runtime_env: EnvMap = Field(default_factory=dict, description="Environment variables of every run; never "
+                                "secrets (those are spec.secrets of a run).", examples=[{"PYTHONUNBUFFERED": "1"}])
+    python: str | None = Field(None, description="Execution plane's python for ms-swift tasks.",
+                               examples=["/opt/swift/bin/python"])
 
 
 class ExecutionTemplate(Strict):
     """How and where runs execute. The backend is chosen by placement.kind and launch_mode.kind only."""
 
-    apiVersion: Literal["reconciler/v1"]
-    kind: Literal["ExecutionTemplate"]
-    id: str = Field(pattern=DNS_LABEL, max_length=DNS_LABEL_MAX, description="Equals the file name without .yaml.")
-    description: str = ""
-    placement: Placement
-    launch_mode: LaunchMode
-    defaults: TemplateDefaults = Field(default_factory=TemplateDefaults)
-    allow_overrides: list[Literal[OVERRIDABLE]] = Field(default_factory=list)  # type: ignore[valid-type]
+    apiVersion: Literal["reconciler/v1"] = Field(description="Version of the spec language.")
+    kind: Literal["ExecutionTemplate"] = Field(description="What this file describes: how and where runs "
+                                               "execute.")
+    id: str = Field(pattern=DNS_LABEL, max_length=DNS_LABEL_MAX, description="The template's id, which runs name "
+                    "in spec.template; a DNS label equal to the file name without .yaml.", examples=["ssh-docker"],
+                    json_schema_extra={"patternErrorMessage": DNS_LABEL_MESSAGE})
+    description: str = Field("", description="What the template is for, for people.")
+    placement: Placement = Field(description="Where runs go: this machine or a Fleet machine.")
+    launch_mode: LaunchMode = Field(description="How runs start: a host process or a docker container.")
+    defaults: TemplateDefaults = Field(default_factory=TemplateDefaults, description="Settings of every run, "
+                                       "unless overridden.")
+    allow_overrides: list[Literal[OVERRIDABLE]] = Field(  # type: ignore[valid-type]
+        default_factory=list, description="Keys of defaults a run may override (spec.overrides).",
+        examples=[["resources", "runtime_env"]], json_schema_extra={"uniqueItems": True})
 
     @property
     def backend_key(self) -> str:
@@ -308,50 +443,72 @@ class ExecutionTemplate(Strict):
 
 
 class SshEndpoint(Strict):
-    host: str = Field(examples=["127.0.0.1"])
-    port: int = Field(22, ge=1, le=65535)
-    user: str
-    identity_file: str | None = Field(None, description="Private key path on the reconciler host.")
+    """How the reconciler logs in to a machine."""
+
+    host: str = Field(description="Host name or address.", examples=["gpu1.lab.example", "127.0.0.1"])
+    port: int = Field(22, ge=1, le=65535, description="SSH port.")
+    user: str = Field(description="Login user.", examples=["train"])
+    identity_file: str | None = Field(None, description="Private key path on the reconciler host.",
+                                      examples=["~/.ssh/lab"])
     host_key: str | None = Field(
-        None, description="Pinned public host key ('ssh-ed25519 AAAA...'); or use the fleet's known_hosts.",
+        None, description="Pinned public host key, '<key-type> <base64>' as in the host's "
+                          "/etc/ssh/ssh_host_*_key.pub (a trailing comment is ignored); or use the fleet's "
+                          "known_hosts.",
+        examples=["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHabkw7ILXAgq2JQD8TN++zRtBACjuiUiEZ99iJmmjZl"],
     )
 
 
 class GpuGroup(Strict):
-    type: str = Field(examples=["H100"])
-    count: int = Field(ge=1, le=64)
-    memory_gb: float | None = Field(None, gt=0)
+    """GPUs of one type on a machine."""
+
+    type: str = Field(description="GPU model, as runs ask for it in gpu_type.", examples=["H100"])
+    count: int = Field(ge=1, le=64, description="How many of them.", examples=[8])
+    memory_gb: float | None = Field(None, gt=0, le=1024, description="Memory per GPU, in GB.", examples=[80])
 
 
 class MachineResources(Strict):
-    gpus: list[GpuGroup] = Field(default_factory=list)
-    cpu_count: int | None = Field(None, ge=1)
-    memory_gb: float | None = Field(None, gt=0)
+    """What a machine offers; runs are placed where their resources fit."""
+
+    gpus: list[GpuGroup] = Field(default_factory=list, description="GPU groups, one per GPU type.")
+    cpu_count: int | None = Field(None, ge=1, le=4096, description="CPU cores.", examples=[64])
+    memory_gb: float | None = Field(None, gt=0, le=65536, description="Host memory, in GB.", examples=[512])
 
 
 class Machine(Strict):
-    name: str = Field(pattern=DNS_LABEL, max_length=DNS_LABEL_MAX)
-    ssh: SshEndpoint
-    resources: MachineResources = Field(default_factory=MachineResources)
-    max_tasks: int = Field(1, ge=0, description="0 drains the machine: nothing new starts, running work finishes.")
-    labels: dict[str, str] = Field(default_factory=dict)
-    workspace_root: str = Field("reconciler-work", description="Where run workspaces live (relative to the login's home).")
-    docker_host: str | None = Field(None, description="DOCKER_HOST on the machine, when not the default socket.")
-    python: str | None = Field(None, description="Execution plane python for ms-swift tasks on this machine.")
+    """One registered machine."""
+
+    name: str = Field(pattern=DNS_LABEL, max_length=DNS_LABEL_MAX, description="Machine name, unique across all "
+                      "fleets (a DNS label).", examples=["lab-1"],
+                      json_schema_extra={"patternErrorMessage": DNS_LABEL_MESSAGE})
+    ssh: SshEndpoint = Field(description="How to log in.")
+    resources: MachineResources = Field(default_factory=MachineResources, description="GPUs, CPUs and memory.")
+    max_tasks: int = Field(1, ge=0, le=1024, description="Runs at once; 0 drains the machine: nothing new starts, "
+                           "running work finishes.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Free-form string labels.",
+                                   examples=[{"site": "basement"}])
+    workspace_root: str = Field("reconciler-work", description="Where run workspaces live (relative to the "
+                                "login's home, or absolute).")
+    docker_host: str | None = Field(None, description="DOCKER_HOST on the machine, when not the default socket.",
+                                    examples=["unix:///run/user/1000/docker.sock"])
+    python: str | None = Field(None, description="Execution plane python for ms-swift tasks on this machine.",
+                               examples=["/opt/swift/bin/python"])
 
 
 class FleetSpec(Strict):
-    machines: list[Machine] = Field(min_length=1)
-    known_hosts: str | None = Field(None, description="known_hosts file on the reconciler host, for machines without host_key.")
+    """The machines of the fleet."""
+
+    machines: list[Machine] = Field(min_length=1, description="The machines; at least one.")
+    known_hosts: str | None = Field(None, description="known_hosts file on the reconciler host, for machines "
+                                    "without ssh.host_key.", examples=["~/.ssh/known_hosts"])
 
 
 class Fleet(Strict):
     """Registered machines: in-house servers and long-lived rentals."""
 
-    apiVersion: Literal["reconciler/v1"]
-    kind: Literal["Fleet"]
-    metadata: Metadata
-    spec: FleetSpec
+    apiVersion: Literal["reconciler/v1"] = Field(description="Version of the spec language.")
+    kind: Literal["Fleet"] = Field(description="What this file describes: registered machines.")
+    metadata: Metadata = Field(description="The fleet's name (its file name) and labels.")
+    spec: FleetSpec = Field(description="The fleet's machines.")
 
 
 KINDS: dict[str, type[BaseModel]] = {"Run": Run, "ExecutionTemplate": ExecutionTemplate, "Fleet": Fleet}
