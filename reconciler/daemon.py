@@ -28,7 +28,16 @@ failed ``health_max_failures`` times in a row or the last good pass is older tha
 
 Logging: one handler on the root logger, so the records of libraries (paramiko, git, warnings)
 come out in the same format as ours: with ``log_format: json`` every line on stderr is one JSON
-object, which is what a log shipper that parses the journal needs.
+object, which is what a log shipper that parses the journal needs. In text format, when stderr is
+the journal (``$JOURNAL_STREAM`` names stderr's device and inode, as systemd sets it), each line
+starts with its syslog priority, ``<3>`` to ``<7>``: journald strips it and files the line under
+that priority, so ``journalctl -p warning`` works.
+
+systemd (``Type=notify``, sdnotify.py): ``READY=1`` once the first pass is over (the HTTP endpoint
+is up by then), ``STATUS=`` when the health verdict changes, ``STOPPING=1`` on the way out, and,
+with ``WatchdogSec=``, ``WATCHDOG=1`` from a thread of its own while the loop is alive: it turns
+at least every ``STUCK_AFTER / 2`` seconds when idle, and a pass or fetch it is inside may last
+up to ``STUCK_AFTER`` (every remote operation has a deadline well under that).
 
 Test hooks (for the crash-safety tests; never set them in production):
 ``RECONCILER_TEST_CRASH_AFTER=apply`` exits with 137 right after apply, before status is written
@@ -52,6 +61,7 @@ from pathlib import Path
 
 from . import config as configs
 from . import gitops
+from . import sdnotify
 from . import status as statuses
 from .errors import ReconcilerError, UsageError
 from .metrics import KINDS, Metrics
@@ -62,6 +72,10 @@ TEST_CRASH = "RECONCILER_TEST_CRASH_AFTER"
 TEST_HOLD_PUSH = "RECONCILER_TEST_HOLD_PUSH"
 WATCHED = ("specs", "execution_templates")
 MIN_WAKE = 0.2  # never spin: the shortest sleep between two passes asked for by retry_after
+# The loop counts as stuck (and the systemd watchdog is left to fire) when one step of it, a pass
+# with its push or a fetch, has lasted this long: each SSH command has a deadline (collecting
+# artifacts at most 10 minutes), each git command 2 minutes.
+STUCK_AFTER = 3600.0
 
 
 # ---------------------------------------------------------------- logging
@@ -97,8 +111,39 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(data, default=str, ensure_ascii=False)
 
 
+# syslog priorities (sd-daemon(3)'s SD_ERR ... SD_DEBUG), for the "<N>" prefix journald understands.
+PRIORITIES = ((logging.CRITICAL, 2), (logging.ERROR, 3), (logging.WARNING, 4), (logging.INFO, 6))
+
+
+def syslog_priority(levelno: int) -> int:
+    return next((p for lv, p in PRIORITIES if levelno >= lv), 7)
+
+
+def stderr_is_journal() -> bool:
+    """Whether stderr is connected to journald: ``$JOURNAL_STREAM`` ("DEVICE:INODE", set by systemd
+    for a service whose output goes to the journal) names the file stderr is. A process that
+    inherited the variable but writes elsewhere (redirected, piped into another program) does not match."""
+    dev, _, ino = os.environ.get("JOURNAL_STREAM", "").partition(":")
+    try:
+        st = os.fstat(sys.stderr.fileno())
+        return dev.isdigit() and ino.isdigit() and (st.st_dev, st.st_ino) == (int(dev), int(ino))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 class TextFormatter(logging.Formatter):
+    def __init__(self, journal: bool = False):
+        super().__init__()
+        self.journal = journal  # prefix every line with "<priority>" for journald
+
     def format(self, record: logging.LogRecord) -> str:
+        line = self._format(record)
+        if self.journal:  # every line of a traceback too: journald reads the stream line by line
+            prefix = f"<{syslog_priority(record.levelno)}>"
+            line = "\n".join(prefix + part for part in line.split("\n"))
+        return line
+
+    def _format(self, record: logging.LogRecord) -> str:
         ts = datetime.fromtimestamp(record.created, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         # Our own lines need no logger name; a library's does (which one complained matters).
         who = "" if record.name == "reconciler" or record.name.startswith("reconciler.") else f"[{record.name}] "
@@ -148,7 +193,7 @@ def setup_logging(fmt: str) -> None:
         logging.captureWarnings(True)  # warnings.warn → the py.warnings logger → this handler
         sys.excepthook = _log_uncaught
         threading.excepthook = _log_uncaught_in_thread
-    _HANDLER.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    _HANDLER.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter(journal=stderr_is_journal()))
     level = getattr(logging, os.environ.get("RECONCILER_LOG_LEVEL", "INFO").upper(), logging.INFO)
     if not isinstance(level, int):
         level = logging.INFO
@@ -197,6 +242,10 @@ class Daemon:
     def __init__(self, cfg: configs.Config, config_path: str | None = None, flags: dict | None = None):
         from .loop import Reconciler
 
+        # First: takes NOTIFY_SOCKET and WATCHDOG_* out of the environment before any child is started.
+        self.notify = sdnotify.Notifier.from_environ()
+        self._beat = time.monotonic()  # the loop's last turn, for the watchdog
+        self._sd_status: str | None = None
         self.cfg = cfg
         self.config_path = config_path
         self.flags = dict(flags or {})
@@ -380,6 +429,7 @@ class Daemon:
     def _account_plan(self, result) -> None:
         m = self.metrics
         m.observe_pass(True, result.duration, time.time())
+        m.set_machines({name: obs.reachable for name, obs in result.world.machines.items()})
         for c in result.plan.changes:
             if c.action != "none":
                 m.count("actions", c.action)
@@ -442,6 +492,10 @@ class Daemon:
         what it grew to, and when it ended."""
         ok, data = self.health()
         failing = tuple(data["failing"])
+        status = "healthy" if ok else "unhealthy: " + "; ".join(data["problems"])[:400]
+        if status != self._sd_status and self.notify.ready_sent:
+            self._sd_status = status
+            self.notify.status(status)
         if self._failing is None:
             if ok:  # not "unhealthy" while starting: that is what a first pass is for
                 self._failing = ()
@@ -476,8 +530,8 @@ class Daemon:
             self.metrics.count("webhooks", "refused")
             event(logging.WARNING, "webhook refused", reason=why)
 
-        ep = httpd.Endpoints(self.health, lambda: self.metrics.exposition(healthy=self.health()[0]), on_push,
-                             lambda: self.cfg.webhook_secret, on_refused)
+        ep = httpd.Endpoints(self.health, lambda accept: self.metrics.render(accept, healthy=self.health()[0]),
+                             on_push, lambda: self.cfg.webhook_secret, on_refused)
         try:
             self.server = httpd.make_server(self.cfg.listen, ep)
         except (OSError, ValueError) as e:
@@ -534,6 +588,7 @@ class Daemon:
         lock = RepoLock(self.cfg.state_dir)
         lock.acquire()  # LockHeld (a UsageError) → exit 2 with the holder's pid
         old = {}
+        watchdog = sdnotify.Watchdog(self.notify, lambda: time.monotonic() - self._beat < STUCK_AFTER)
         try:
             for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 old[s] = signal.signal(s, self._on_signal)
@@ -544,11 +599,14 @@ class Daemon:
             event(logging.INFO, "daemon started", repo=str(self.cfg.repo), pid=os.getpid(),
                   branch=self.remote.branch if self.remote else None, poll_interval=self.cfg.poll_interval,
                   resync_interval=self.cfg.resync_interval, workspaces=self.cfg.local_root)
+            watchdog.start()
             self._loop()
+            self.notify.stopping()
             self.push()  # whatever the last pass committed
             event(logging.INFO, "daemon stopped", pid=os.getpid())
             return 0
         finally:
+            watchdog.stop()
             self._stop_watch.set()
             if self.server is not None:
                 self.server.shutdown()
@@ -564,6 +622,7 @@ class Daemon:
         next_retry = float("inf")
         failures = 0
         while not self._stopping:
+            self._beat = mono()
             if self._reload:
                 self._reload = False
                 self.reload()
@@ -587,6 +646,8 @@ class Daemon:
                 why.add("retry_after")
             if why and not self._stopping:
                 retry_after = self.run_pass(",".join(sorted(why)))
+                if not self.notify.ready_sent:  # the first pass is over, good or not: the daemon serves
+                    self.notify.ready("first pass done")
                 good = self.metrics.last_pass == self.metrics.last_good_pass
                 failures = 0 if good else failures + 1
                 after = mono()
@@ -601,7 +662,7 @@ class Daemon:
                 continue  # requests that arrived during the pass are served at once
             if self._stopping:
                 break
-            timeout = min(next_poll, next_resync, next_retry) - mono()
+            timeout = min(next_poll, next_resync, next_retry, mono() + STUCK_AFTER / 2) - mono()
             if timeout > 0:
                 self.wake.wait(timeout)
             self.wake.clear()

@@ -7,7 +7,8 @@ configured secret the webhook is off (403). A good one asks the loop for an imme
 pass and returns 202 at once: the pass runs on the loop's thread, never on the request's.
 
 ``/healthz`` answers 200 or 503 with a JSON body (the daemon decides: what fails, since when);
-``/metrics`` the Prometheus text format. Nothing here writes to stderr itself: request lines and
+``/metrics`` the Prometheus exposition, written by prometheus-client in the format the scraper's
+``Accept`` header asks for (OpenMetrics for Prometheus itself, the text format 0.0.4 otherwise). Nothing here writes to stderr itself: request lines and
 handler errors go to the ``reconciler.http`` logger, so JSON logs stay one object per line.
 """
 
@@ -44,7 +45,7 @@ def parse_listen(text: str) -> tuple[str, int]:
 class Endpoints:
     """What the server needs from the daemon: callables, so this module knows nothing of the loop."""
 
-    def __init__(self, health: Callable[[], tuple[bool, dict]], metrics: Callable[[], str],
+    def __init__(self, health: Callable[[], tuple[bool, dict]], metrics: Callable[[str], tuple[bytes, str]],
                  on_push: Callable[[dict], None], secret: Callable[[], str | None],
                  on_refused: Callable[[str], None] = lambda why: None):
         self.health, self.metrics, self.on_push, self.secret, self.on_refused = health, metrics, on_push, secret, on_refused
@@ -89,7 +90,8 @@ def make_server(listen: str, ep: Endpoints) -> ThreadingHTTPServer:
                 ok, data = ep.health()
                 self._json(200 if ok else 503, data)
             elif path == "/metrics":
-                self._send(200, ep.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
+                body, ctype = ep.metrics(self.headers.get("Accept") or "")  # (body, content type)
+                self._send(200, body, ctype)
             else:
                 self._json(404, {"error": "not found", "endpoints": ["/healthz", "/metrics", "POST /hooks/git"]})
 

