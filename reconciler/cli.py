@@ -1,19 +1,88 @@
+# PYTHON_ARGCOMPLETE_OK
 """The command line, and nothing else: parse arguments, call the package, choose the exit code.
 
-Exit codes: 0 success, 1 invalid specs or a failed check, 2 usage or I/O error. A user error is a
-message, never a traceback.
+Exit codes: 0 success; 1 invalid specs, a failed check, a run that is not there, or an action of a
+``--once`` pass that failed; 2 usage or I/O error. A user error is a message, never a traceback.
+
+The global options (``--repo``, ``--config``, ``--json``, ``--log-format``) may stand before or
+after the command, with the same meaning; each is accepted only by the commands it does
+something for (``reconcile --json validate`` is refused, naming ``--format json``). docs/cli.md
+is the reference, with the JSON shapes.
+
+Shell completion is argcomplete's: ``reconcile completion bash`` prints the script, and the shell
+then runs ``reconcile`` with ``_ARGCOMPLETE`` set for each TAB; ``main`` answers those before
+anything else is imported (the marker on the first line lets argcomplete's global completion
+find this module too).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from difflib import get_close_matches
 from pathlib import Path
 
-from .diagnostics import render
 from .errors import ReconcilerError, UsageError
 
-SUBCOMMANDS = ("validate", "schema", "plan", "status", "logs", "provenance", "config")
+PROG = "reconcile"
+DIST = "gpu-reconciler"  # the distribution's name, for --version
+
+COMMANDS = {
+    "validate": "check specs, templates and fleets (exit 0 valid, 1 invalid, 2 usage or I/O error)",
+    "schema": "write schemas/ from the models, or --check that they did not drift",
+    "plan": "print what one pass would do, changing nothing (the same as --once --dry-run)",
+    "status": "the runs' status, as a table or JSON",
+    "logs": "a run's stdout and stderr, wherever it runs",
+    "provenance": "what a run was made of, or --diff what differs from another run",
+    "config": "the effective configuration as JSON, secrets redacted",
+    "completion": "print the shell completion script: bash, zsh or fish",
+}
+SUBCOMMANDS = tuple(COMMANDS)
+LOOP = ("plan", "status", "logs", "provenance", "config")  # the commands that read the loop's configuration
+SHELLS = ("bash", "zsh", "fish")
+
+# Where each global option applies: command names, "once" (--once) and "daemon" (no command, no --once).
+APPLIES: dict[str, tuple[str, ...]] = {
+    "repo": ("validate", "schema", *LOOP, "once", "daemon"),
+    "config": (*LOOP, "once", "daemon"),
+    "json": (*LOOP, "once"),
+    "log_format": ("plan", "once", "daemon"),
+    # the pass's and the daemon's own flags: before any command, never with one
+    "dry_run": ("once",),
+    "no_commit": ("once", "daemon"),
+    "poll_interval": ("daemon",),
+    "resync_interval": ("daemon",),
+    "listen": ("daemon",),
+}
+FLAG = {dest: "--" + dest.replace("_", "-") for dest in APPLIES}
+HINT = {("json", "validate"): "use --format json", ("json", "daemon"): "use --log-format json for its log lines"}
+DEFAULTS = {"repo": None, "config": None, "json": False, "log_format": None, "once": False, "dry_run": False,
+            "no_commit": False, "poll_interval": None, "resync_interval": None, "listen": None}
+
+
+def version() -> str:
+    """The installed distribution's version; a source tree run without installing reports the package's."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version(DIST)
+    except PackageNotFoundError:
+        from . import __version__
+
+        return __version__
+
+
+class _Version(argparse.Action):
+    """--version, read when asked (the metadata look-up costs time every other command would pay)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"{PROG} {version()}")
+        parser.exit()
 
 
 def _repo_root(start: Path) -> Path:
@@ -30,6 +99,7 @@ def _repo_root(start: Path) -> Path:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from .diagnostics import render
     from .spec.load import is_spec_repo, load_tree, yaml_files
 
     paths = [Path(p) for p in args.paths]
@@ -80,77 +150,210 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_loop_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--repo", help="repository to reconcile (default: the current directory)")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--config", help="configuration file (default: reconciler.yaml in the repository, if present)")
+def cmd_completion(args: argparse.Namespace) -> int:
+    import argcomplete
+
+    # Registered for the name the user types; each TAB runs it with _ARGCOMPLETE set (see main).
+    print(argcomplete.shellcode([PROG], shell=args.shell), end="")
+    return 0
+
+
+# ---------------------------------------------------------------- the parser
+
+
+def _run_names(prefix: str, parsed_args: argparse.Namespace, **_) -> list[str]:
+    """Completion of NAME: the runs that have a status file in the repository (--repo, or here)."""
+    status = Path(getattr(parsed_args, "repo", None) or ".") / "status"
+    try:
+        return sorted(p.stem for p in status.glob("*.yaml") if p.stem.startswith(prefix))
+    except OSError:
+        return []
+
+
+def _add_global(p: argparse.ArgumentParser, dest: str, help_text: str | None = None) -> None:
+    """One global option, with no default: a value given before the command is not overwritten by
+    the command's parser, and main() can tell which were given (DEFAULTS fills in the rest)."""
+    kw: dict = {"default": argparse.SUPPRESS}
+    if dest == "repo":
+        p.add_argument("--repo", metavar="DIR", help=help_text or "the repository (default: the current directory)",
+                       **kw)
+    elif dest == "config":
+        p.add_argument("--config", metavar="PATH",
+                       help=help_text or "configuration file (default: reconciler.yaml in the repository, if present)",
+                       **kw)
+    elif dest == "json":
+        p.add_argument("--json", action="store_true", help=help_text or "print JSON (docs/cli.md has the shape)",
+                       **kw)
+    elif dest == "log_format":
+        p.add_argument("--log-format", choices=["text", "json"],
+                       help=help_text or "format of the log lines on stderr (default: log_format in the configuration)",
+                       **kw)
+    else:  # pragma: no cover - a table entry without an option
+        raise AssertionError(dest)
+
+
+def _add_command_globals(p: argparse.ArgumentParser, name: str, **helps: str) -> None:
+    for dest in ("repo", "config", "json", "log_format"):
+        if name in APPLIES[dest]:
+            _add_global(p, dest, helps.get(dest))
+
+
+def _applies_text(dest: str) -> str:
+    names = [n for n in APPLIES[dest] if n in COMMANDS]
+    extra = [w for w, n in (("--once", "once"), ("the daemon", "daemon")) if n in APPLIES[dest]]
+    return "; for " + ", ".join(names + extra)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="reconcile",
-        description="Make the machines match the run specs in a git repository, and commit what happened.",
-        epilog="subcommands: " + ", ".join(SUBCOMMANDS) + " (reconcile SUBCOMMAND --help)",
+        prog=PROG,
+        usage="%(prog)s [OPTIONS]                    the daemon; with --once, one pass\n"
+              "       %(prog)s [OPTIONS] COMMAND [ARGS]  a command; global OPTIONS before or after it",
+        description="Make the machines match the run specs in a git repository, and commit what happened. "
+                    "Without a command: the daemon (watch, resync, pull and push); --once: one pass.",
+        epilog="Global options may stand before or after the command. Exit codes: 0 ok, 1 invalid specs or a "
+               "failed action or check, 2 usage or I/O error. Reference: docs/cli.md.",
     )
-    _add_loop_flags(p)
-    p.add_argument("--once", action="store_true", help="run one pass and exit")
-    p.add_argument("--dry-run", action="store_true", help="with --once: print the plan, change nothing")
-    p.add_argument("--no-commit", action="store_true", help="write status files but do not commit them")
-    p.add_argument("--log-format", choices=["text", "json"], default=None, help="daemon log format")
-    p.add_argument("--poll-interval", type=float, default=None, help="daemon: seconds between git fetches")
-    p.add_argument("--resync-interval", type=float, default=None, help="daemon: seconds between full passes")
-    p.add_argument("--listen", default=None, help="daemon: HOST:PORT for /healthz, /metrics and /hooks/git")
+    p.add_argument("--version", action=_Version, help="print the version and exit")
+    for dest in ("repo", "config", "json", "log_format"):
+        _add_global(p, dest, {"repo": "the repository (default: the current directory)",
+                              "config": "configuration file (default: reconciler.yaml in the repository)"
+                                        + _applies_text("config"),
+                              "json": "print JSON" + _applies_text("json"),
+                              "log_format": "log lines on stderr as text or JSON" + _applies_text("log_format"),
+                              }[dest])
+    s = argparse.SUPPRESS
+    p.add_argument("--once", action="store_true", default=s, help="run one pass and exit (exit 1 if an action failed)")
+    p.add_argument("--dry-run", action="store_true", default=s, help="with --once: print the plan, change nothing")
+    p.add_argument("--no-commit", action="store_true", default=s, help="write status files but do not commit them")
+    p.add_argument("--poll-interval", type=float, default=s, metavar="SECONDS", help="daemon: between git fetches")
+    p.add_argument("--resync-interval", type=float, default=s, metavar="SECONDS", help="daemon: between full passes")
+    p.add_argument("--listen", default=s, metavar="HOST:PORT", help="daemon: for /healthz, /metrics and /hooks/git")
+
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    p.commands = {}  # name → its parser, for its usage line in errors
+    for name, text in COMMANDS.items():
+        c = sub.add_parser(name, prog=f"{PROG} {name}", help=text, description=text[0].upper() + text[1:] + ".")
+        _build_command(c, name)
+        p.commands[name] = c
     return p
 
 
-def build_subparser(name: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"reconcile {name}")
+def _build_command(p: argparse.ArgumentParser, name: str) -> None:
     if name == "validate":
-        p.description = "Check specs, templates and fleets. Exit 0 valid, 1 invalid, 2 usage or I/O error."
-        p.add_argument("paths", nargs="*", help="files or folders (default: the whole repository)")
+        p.add_argument("paths", nargs="*", metavar="PATH", help="files or folders (default: the whole repository)")
         p.add_argument("--format", choices=["text", "json", "github"], default="text")
-        p.add_argument("--repo", help="repository root (default: found from the paths or the current directory)")
+        _add_command_globals(p, name, repo="repository root (default: found from the paths or the current directory)")
     elif name == "schema":
-        p.description = "Write schemas/*.schema.json from the models, or --check that they did not drift."
-        p.add_argument("--check", action="store_true")
-        p.add_argument("--repo")
+        p.add_argument("--check", action="store_true", help="exit 1 if schemas/ differs from the models")
+        _add_command_globals(p, name)
     elif name == "plan":
-        p.description = "Print what one pass would do (the same as --once --dry-run)."
-        _add_loop_flags(p)
+        _add_command_globals(p, name)
     elif name == "status":
-        p.description = "The runs' status as a table."
-        p.add_argument("name", nargs="?")
-        _add_loop_flags(p)
+        p.add_argument("name", nargs="?", metavar="NAME", help="one run (default: all)").completer = _run_names
+        _add_command_globals(p, name)
     elif name == "logs":
-        p.description = "Print a run's logs, wherever it runs."
-        p.add_argument("name")
-        p.add_argument("--follow", "-f", action="store_true")
+        p.add_argument("name", metavar="NAME").completer = _run_names
+        p.add_argument("--follow", "-f", action="store_true", help="poll until the run has finished")
         p.add_argument("--stream", choices=["stdout", "stderr", "both"], default="both")
-        p.add_argument("--lines", "-n", type=int, default=100)
-        _add_loop_flags(p)
+        p.add_argument("--lines", "-n", type=int, default=100, metavar="N",
+                       help="start with the last N lines of each file (default 100; 0: all)")
+        _add_command_globals(p, name, json="one JSON object per line: {\"stream\", \"line\"}")
     elif name == "provenance":
-        p.description = "Print a run's provenance manifest, or --diff it against another run's."
-        p.add_argument("name")
-        p.add_argument("--diff", metavar="OTHER")
-        _add_loop_flags(p)
+        name_arg = p.add_argument("name", metavar="NAME", help="a run, or one attempt's identity (NAME-gG-aA)")
+        name_arg.completer = _run_names
+        p.add_argument("--diff", metavar="OTHER", help="compare with another run or identity (exit 1 if they differ)")
+        _add_command_globals(p, name, json="--diff as JSON (the manifest is JSON either way)")
     elif name == "config":
-        p.description = "Print the effective configuration, secrets redacted."
-        _add_loop_flags(p)
-    return p
+        _add_command_globals(p, name, json="the same JSON document (the output is JSON either way)")
+    elif name == "completion":
+        p.add_argument("shell", choices=SHELLS, metavar="SHELL", help="one of: " + ", ".join(SHELLS))
+        p.epilog = ('Install: eval "$(reconcile completion bash)" in ~/.bashrc (zsh: the same line in ~/.zshrc, after '
+                    "compinit); fish: reconcile completion fish > ~/.config/fish/completions/reconcile.fish")
+
+
+# ---------------------------------------------------------------- typos, misplaced options
+
+
+def _takes_value(p: argparse.ArgumentParser) -> dict[str, bool]:
+    return {opt: a.nargs != 0 for a in p._actions for opt in a.option_strings}
+
+
+def _command_word(argv: list[str], options: dict[str, bool]) -> str | None:
+    """The first word that is not an option or an option's value: the command, if any."""
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            return argv[i + 1] if i + 1 < len(argv) else None
+        if a.startswith("-") and a != "-":
+            opt = a.split("=", 1)[0]
+            known = [o for o in options if o == opt] or [o for o in options if o.startswith("--") and o.startswith(opt)]
+            if "=" not in a and len(known) == 1 and options[known[0]]:
+                i += 1  # its value
+            i += 1
+            continue
+        return a
+    return None
+
+
+def _unknown_command(word: str) -> str:
+    close = get_close_matches(word, SUBCOMMANDS, n=1, cutoff=0.6)
+    if close:
+        return f"unknown command {word!r}; did you mean {close[0]!r}?"
+    return f"unknown command {word!r} (commands: {', '.join(SUBCOMMANDS)}; see reconcile --help)"
+
+
+def _where(cmd: str) -> str:
+    return {"once": "--once", "daemon": "the daemon"}.get(cmd, repr(cmd))
+
+
+def _check_applies(ns: argparse.Namespace, cmd: str) -> None:
+    for dest, where in APPLIES.items():
+        if hasattr(ns, dest) and cmd not in where:
+            if dest == "dry_run" and cmd == "daemon":
+                raise UsageError("--dry-run needs --once (or use 'reconcile plan')")
+            hint = HINT.get((dest, cmd))
+            raise UsageError(f"{FLAG[dest]} does not apply to {_where(cmd)}" + (f" ({hint})" if hint else ""))
+
+
+def parse(argv: list[str], parser: argparse.ArgumentParser | None = None) -> tuple[str, argparse.Namespace]:
+    """argv → (what to run: a command, "once" or "daemon"; its arguments, every global one set).
+    Raises UsageError, or SystemExit from argparse (its usage message, --help, --version)."""
+    p = parser or build_parser()
+    word = _command_word(argv, _takes_value(p))
+    if word is not None and word not in COMMANDS:
+        raise UsageError(_unknown_command(word))
+    ns, extra = p.parse_known_args(argv)
+    if extra:
+        if ns.command:  # the command's own usage line, and a hint where there is one
+            hint = next((f" ({h})" for (d, c), h in HINT.items() if c == ns.command and FLAG[d] in extra), "")
+            p.commands[ns.command].error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
+    if ns.command and getattr(ns, "once", False):
+        raise UsageError(f"--once runs one pass and takes no command ({ns.command!r} is one)")
+    cmd = ns.command or ("once" if getattr(ns, "once", False) else "daemon")
+    _check_applies(ns, cmd)
+    for k, v in DEFAULTS.items():
+        if not hasattr(ns, k):
+            setattr(ns, k, v)
+    if ns.command == "logs" and ns.lines < 0:
+        raise UsageError("--lines must be 0 (all) or more")
+    return cmd, ns
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if argv and argv[0] in SUBCOMMANDS:
-            name = argv.pop(0)
-            args = build_subparser(name).parse_args(argv)
-            return _dispatch(name, args)
-        args = build_parser().parse_args(argv)
-        if args.dry_run and not args.once:
-            print("reconcile: --dry-run needs --once (or use 'reconcile plan')", file=sys.stderr)
-            return 2
-        return _dispatch("once" if args.once else "daemon", args)
+        parser = build_parser()
+        if "_ARGCOMPLETE" in os.environ:  # a TAB in a shell that loaded `reconcile completion SHELL`
+            import argcomplete
+
+            argcomplete.autocomplete(parser)  # prints the candidates to the shell and exits
+        cmd, args = parse(argv, parser)
+        return _dispatch(cmd, args)
+    except SystemExit as e:  # argparse: usage errors (2), --help and --version (0)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     except UsageError as e:
         print(f"reconcile: {e}", file=sys.stderr)
         return 2
@@ -172,6 +375,8 @@ def _dispatch(name: str, args: argparse.Namespace) -> int:
         return cmd_validate(args)
     if name == "schema":
         return cmd_schema(args)
+    if name == "completion":
+        return cmd_completion(args)
     from . import commands  # the loop's commands import more; validate stays light
 
     return commands.run(name, args)

@@ -1,4 +1,7 @@
-"""Commands that drive the loop: --once, plan, status, logs, config (and the daemon's entry)."""
+"""Commands that drive the loop: --once, plan, status, logs, config (and the daemon's entry).
+
+Their ``--json`` output is documented in docs/cli.md; a key may be added, none is renamed or removed.
+"""
 
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ def run(name: str, args: argparse.Namespace) -> int:
         return cmd_logs(args)
     if name == "config":
         cfg = _cfg(args)
-        print(json.dumps(cfg.redacted(), indent=2, sort_keys=True))
+        print(json.dumps(cfg.redacted(), indent=2, sort_keys=True))  # JSON with or without --json
         return 0
     if name == "provenance":
         from .provenance import cmd_provenance
@@ -52,13 +55,19 @@ def _require_specs(cfg: configs.Config) -> None:
 
 
 def cmd_once(args: argparse.Namespace, dry_run: bool) -> int:
+    """One pass, or its plan. Exit 0, or 1 when an action of the pass failed (the others were still
+    applied, and the failure is in the run's status); a plan has no actions and exits 0."""
+    from .daemon import setup_logging
     from .loop import Reconciler
 
     flags = {}
     if getattr(args, "no_commit", False):
         flags["commit"] = False
+    if getattr(args, "log_format", None):
+        flags["log_format"] = args.log_format
     cfg = _cfg(args, **flags)
     _require_specs(cfg)
+    setup_logging(cfg.log_format)  # the pass's log lines (and libraries'), formatted as the daemon's
     rec = Reconciler(cfg)
     if dry_run:
         result = rec.run_pass(dry_run=True)
@@ -95,7 +104,7 @@ def cmd_once(args: argparse.Namespace, dry_run: bool) -> int:
                 print(f"\nCommitted {len(result.committed)} status file(s) as {result.commit[:10]}{note}.")
             elif result.written:
                 print(f"\nWrote {len(result.written)} status file(s) (not committed).")
-    return 0
+    return 1 if any(not o.ok for o in result.outcomes) else 0
 
 
 def _age(text: str | None, now: float) -> str:
@@ -142,4 +151,4 @@ def cmd_logs(args: argparse.Namespace) -> int:
     from .logs import follow_logs
 
     cfg = _cfg(args)
-    return follow_logs(cfg, args.name, args.stream, args.lines, args.follow)
+    return follow_logs(cfg, args.name, args.stream, args.lines, args.follow, as_json=args.json)
