@@ -139,6 +139,17 @@ class World:
         (self.user / "specs" / "runs" / f"{name}.yaml").write_text(run_spec(name, command))
         self.user_commit(f"add run {name}", push=push)
 
+    def add_unanswering_machine(self, name: str, port: int) -> None:
+        """A fleet with one machine on a loopback port where no sshd answers (pushed)."""
+        known_hosts = self.tmp / "known_hosts"
+        known_hosts.write_text("")
+        (self.user / "specs" / "fleets").mkdir(exist_ok=True)
+        (self.user / "specs" / "fleets" / "lab.yaml").write_text(
+            "apiVersion: reconciler/v1\nkind: Fleet\nmetadata: {name: lab}\nspec:\n"
+            f"  known_hosts: {known_hosts}\n  machines:\n"
+            f"    - name: {name}\n      ssh: {{host: 127.0.0.1, port: {port}, user: nobody}}\n")
+        self.user_commit(f"a fleet machine, {name}, that does not speak SSH")
+
     # -------- the remote
 
     def remote_file(self, path: str) -> str | None:

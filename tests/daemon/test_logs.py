@@ -9,7 +9,6 @@ import json
 import socket
 import subprocess
 import sys
-import textwrap
 import threading
 
 import pytest
@@ -61,20 +60,7 @@ def parse_every_line(text: str) -> list[dict]:
 
 
 def test_daemon_json_logs_paramiko_errors_as_json_lines(world, not_ssh):
-    known_hosts = world.tmp / "known_hosts"
-    known_hosts.write_text("")
-    (world.user / "specs" / "fleets").mkdir()
-    (world.user / "specs" / "fleets" / "lab.yaml").write_text(textwrap.dedent(f"""\
-        apiVersion: reconciler/v1
-        kind: Fleet
-        metadata: {{name: lab}}
-        spec:
-          known_hosts: {known_hosts}
-          machines:
-            - name: box
-              ssh: {{host: 127.0.0.1, port: {not_ssh}, user: nobody}}
-        """))
-    world.user_commit("a fleet machine that does not speak SSH")
+    world.add_unanswering_machine("box", not_ssh)
     d = world.start(world.clone("daemon"), RECONCILER_SSH_CONNECT_TIMEOUT="2")
     d.wait_ready()
     # paramiko's transport thread logs the failed handshake, traceback included, on its own logger.

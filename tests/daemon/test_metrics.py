@@ -7,7 +7,6 @@ OpenMetrics when the scraper asks for it."""
 from __future__ import annotations
 
 import socket
-import textwrap
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -106,20 +105,7 @@ def test_openmetrics_when_asked_and_head(world):
 
 
 def test_machine_reachability_from_the_last_pass(world):
-    known_hosts = world.tmp / "known_hosts"
-    known_hosts.write_text("")
-    (world.user / "specs" / "fleets").mkdir()
-    (world.user / "specs" / "fleets" / "lab.yaml").write_text(textwrap.dedent(f"""\
-        apiVersion: reconciler/v1
-        kind: Fleet
-        metadata: {{name: lab}}
-        spec:
-          known_hosts: {known_hosts}
-          machines:
-            - name: gone-box
-              ssh: {{host: 127.0.0.1, port: {closed_port()}, user: nobody}}
-        """))
-    world.user_commit("a fleet machine that does not answer")
+    world.add_unanswering_machine("gone-box", closed_port())
     d = world.start(world.clone("daemon"), RECONCILER_SSH_CONNECT_TIMEOUT="2")
     d.wait_ready()
 

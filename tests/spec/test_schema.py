@@ -351,16 +351,6 @@ def test_the_schemas_speak_the_reconcilers_words() -> None:
     """Patterns carry a message for the editor (patternErrorMessage, a yaml-language-server keyword
     other validators ignore), so nobody reads a regular expression to learn what is wrong."""
     for name, text in schema.generate().items():
-        for node in _walk(json.loads(text)):
+        for node in schema._walk(json.loads(text)):
             if "pattern" in node and node["pattern"] != "^$":
                 assert node.get("patternErrorMessage") or node.get("errorMessage"), (name, node["pattern"][:60])
-
-
-def _walk(node):
-    if isinstance(node, dict):
-        yield node
-        for value in node.values():
-            yield from _walk(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _walk(value)
