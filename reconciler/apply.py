@@ -196,7 +196,7 @@ def _collect_leftover(c: Change, ctx: ApplyContext) -> None:
     elsewhere (a bundle that never started has none), then remove its workspace, here too."""
     t = ctx.transport_for(c.machine)
     ws = c.workspace or t.workspace(c.identity)
-    if c.machine != LOCAL and "never started" not in c.reason:
+    if c.machine != LOCAL and c.ran:
         local_dir = ctx.local_dir(c.machine, c.identity, ws)
         t.fetch(c.identity, local_dir)
     launchers.finish(t, ws, remove=True)

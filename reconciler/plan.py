@@ -73,6 +73,7 @@ class Change:
     collect_first: Kill | None = None  # a finished attempt to collect before relaunching
     cleanup: list[Kill] = field(default_factory=list)  # earlier attempts' remote workspaces, at the end
     remove: bool = False  # collect: remove the workspace afterwards, on this machine too (a leftover)
+    ran: bool = True  # collect of a leftover: False for a bundle never started (no logs to keep)
     stalled: str | None = None  # set when spec.stall is configured and the run made no progress (the why)
 
     @property
@@ -629,7 +630,7 @@ def _leftovers(plan: Plan, world: ObservedWorld, protected: set[str], known: set
                               f"{ident} on {m.name} ({what}) is not the run's current instance; "
                               + ("collecting and removing it" if remove else "collecting it"),
                               None, p.generation, p.attempt, identity=ident, machine=m.name,
-                              workspace=r.workspace, remove=remove))
+                              workspace=r.workspace, remove=remove, ran=r.state != "staged"))
     return out
 
 

@@ -188,3 +188,19 @@ def test_command_timeout(sshd, root):
 def test_agent_json_args_reach_the_agent(sshd, root):
     program, argv = agent_program({"op": "probe", "names": ["a"]})
     assert json.loads(argv[0]) == {"names": ["a"], "op": "probe"}
+
+
+def test_stage_keeps_a_workspace_only_for_the_same_spec(sshd, root, bundle_dir):
+    (bundle_dir / "job.json").write_text(json.dumps({"schema_version": "v1", "payload": {
+        "gpus": [], "spec_digest": "sha256:one"}}, indent=2, sort_keys=True) + "\n")
+    t = SshTransport(info(sshd, root))
+    try:
+        ws = t.stage(bundle_dir, "demo-g1-a1", "sha256:one")
+        Path(ws, "runtime", "marker").write_text("x")
+        assert t.stage(bundle_dir, "demo-g1-a1", "sha256:one") == ws  # same spec: kept as is
+        assert Path(ws, "runtime", "marker").exists()
+        with pytest.raises(TemporaryError, match="built for another spec"):
+            t.stage(bundle_dir, "demo-g1-a1", "sha256:two")
+        assert Path(ws, "runtime", "marker").exists()  # refused, and left untouched
+    finally:
+        t.close()

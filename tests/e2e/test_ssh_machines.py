@@ -261,3 +261,20 @@ def test_docker_gets_gpus_only_when_the_run_asks(tmp_path, sshd, dockerd):
         assert "export CUDA_VISIBLE_DEVICES=0" in (w.bundle("gpu-box-g1-a1") / "scripts" / "env.sh").read_text()
         assert "CUDA_VISIBLE_DEVICES" not in (w.bundle("cpu-box-g1-a1") / "scripts" / "env.sh").read_text()
         assert st.handle.gpus == []
+
+
+def test_old_generation_on_a_remote_machine_is_collected_then_removed(world):
+    argv = ["sh", "-c", "echo generation one; sleep 300"]
+    world.add_run(run_spec("x", "ssh-host", argv))
+    world.until("x", lambda s: s.phase == "Running" and s.handle.identity == "x-g1-a1")
+    old_ws = Path(world.status("x").handle.workspace)
+    world.add_run(run_spec("x", "ssh-host", ["sh", "-c", "echo generation two; sleep 300"]))
+    st = world.until("x", lambda s: s.generation == 2 and s.phase == "Running")
+    assert alive_instances(old_ws.parent, "x") == ["x-g2-a1"]
+    result = world.run_pass()
+    leftovers = [(c.action, c.identity, c.remove) for c in result.plan.changes if c.code == "Leftover"]
+    assert leftovers == [("collect", "x-g1-a1", True)]
+    assert not old_ws.exists(), "the old generation's remote workspace is still there"
+    assert (world.bundle("x-g1-a1") / "artifacts" / "stdout.log").read_text() == "generation one\n"
+    assert not [c for c in world.run_pass().plan.changes if c.code == "Leftover"]
+    assert st.handle.identity == "x-g2-a1"
