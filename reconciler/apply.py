@@ -47,12 +47,13 @@ class ApplyContext:
     repo: Path
     desired: DesiredState
     transport_for: Callable[[str], object]
-    spec_commit: str | None  # HEAD at launch (the bundle's repo_head); None outside git
+    repo_head: str | None  # HEAD at launch (the bundle's repo_head); None outside git
     terminate_grace: float = 10.0
     remote_cleanup: str = "after_collect"
     parallel: int = 8
     secret_source: Callable[[str], str | None] = os.environ.get
     machine_python: Callable[[str], str | None] = lambda machine: None
+    spec_commits: dict[str, str] = field(default_factory=dict)  # spec file → its spec commit (the loop finds them)
 
     def local_dir(self, machine: str, identity: str, workspace: str) -> Path:
         """Where an attempt's bundle lives on this host: its workspace itself when it runs here."""
@@ -131,9 +132,9 @@ def _launch(c: Change, ctx: ApplyContext, out: Outcome) -> None:
     python = eff.python or ctx.machine_python(c.machine)
     resume = _resume_path(t, c) if c.resume_from and entry.run.spec.task.type != "command" else None
     req = bundles.BundleRequest(
-        repo_root=ctx.repo, identity=c.identity, run=entry.run, spec_digest=entry.digest, repo_head=ctx.spec_commit,
+        repo_root=ctx.repo, identity=c.identity, run=entry.run, spec_digest=entry.digest, repo_head=ctx.repo_head,
         template=template, effective=eff, machine=c.machine, gpus=c.gpus, python=python, resume_from=resume,
-        spec_commit=provenance.last_commit(ctx.repo, entry.rel) if ctx.spec_commit else None,
+        spec_commit=ctx.spec_commits.get(entry.rel),
     )
     b = bundles.build(req, local_dir)
     ws = t.stage(b.path, c.identity, entry.digest)

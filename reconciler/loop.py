@@ -108,8 +108,11 @@ class Reconciler:
             if dry_run:
                 result.duration = time.perf_counter() - t0
                 return result
-            spec_commit = gitops.head(self.repo)
-            ctx = ApplyContext(repo=cfg.repo, desired=desired, transport_for=pool.get, spec_commit=spec_commit,
+            repo_head = gitops.head(self.repo)
+            # One history walk per pass for every spec commit it needs: bundles and status files.
+            spec_commits = self._spec_commits(plan, previous)
+            ctx = ApplyContext(repo=cfg.repo, desired=desired, transport_for=pool.get, repo_head=repo_head,
+                               spec_commits=spec_commits,
                                terminate_grace=cfg.terminate_grace, remote_cleanup=cfg.remote_cleanup,
                                parallel=cfg.parallel_changes, machine_python=pool.python_for,
                                secret_source=self.secret_source)
@@ -121,7 +124,6 @@ class Reconciler:
             pool.close()
         by_name = {o.name: o for o in result.outcomes if not o.side}
         phases = {n: st.phase for n, st in previous.items()}
-        spec_commits = self._spec_commits(plan, previous)
         for change in plan.changes:
             if change.phase is None:
                 continue
@@ -164,13 +166,14 @@ class Reconciler:
         return result
 
     def _spec_commits(self, plan: Plan, previous: dict) -> dict[str, str]:
-        """The spec commit of each run whose status records a new spec this pass: the last commit
-        that changed its spec file (one definition, shared with provenance)."""
+        """The spec commit of each run that launches, or whose status records a new spec, this
+        pass: the last commit that changed its spec file (one definition, shared with provenance)."""
         paths = []
         for c in plan.changes:
             prev = previous.get(c.name)
             if c.phase is not None and c.spec_path and (
-                    prev is None or prev.spec.digest != c.spec_digest or prev.generation != c.generation):
+                    c.action in ("launch", "relaunch") or prev is None
+                    or prev.spec.digest != c.spec_digest or prev.generation != c.generation):
                 paths.append(c.spec_path)
         if not paths or self.repo is None:
             return {}

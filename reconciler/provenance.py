@@ -84,20 +84,6 @@ def _spec_commit(job: dict) -> str | None:
     return job.get("spec_commit") if "repo_head" in job else job.get("spec_source_commit")
 
 
-def last_commit(repo: Path, rel: str) -> str | None:
-    """The last commit that changed ``rel`` in the repository at ``repo`` (None outside git).
-
-    Called at launch for the run's spec file, this is the run's spec commit (see the module
-    docstring); HEAD would move with every status commit. The status file's ``spec.commit`` is
-    found by the same function (``gitops.last_commits``)."""
-    from .gitops import last_commits
-
-    try:
-        return last_commits(Path(repo), [rel]).get(rel)
-    except OSError:
-        return None
-
-
 # ---------------------------------------------------------------- sections
 
 
