@@ -24,7 +24,9 @@ from .plan import LOCAL, Change, Plan
 from .spec.load import DesiredState
 from .spec.resolve import effective
 
-CRASH_HOOK = "RECONCILER_TEST_CRASH_AFTER"  # crash-safety tests only: "stage" dies right after staging
+# Crash-safety tests only: "stage" dies right after staging, "apply" (loop) right after apply,
+# "commit" (daemon) right after the status commit.
+CRASH_HOOK = "RECONCILER_TEST_CRASH_AFTER"
 
 
 @dataclass

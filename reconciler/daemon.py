@@ -63,12 +63,13 @@ from . import config as configs
 from . import gitops
 from . import sdnotify
 from . import status as statuses
+from .apply import CRASH_HOOK
 from .errors import ReconcilerError, UsageError
 from .metrics import KINDS, Metrics
 
 log = logging.getLogger("reconciler.daemon")
 
-TEST_CRASH = "RECONCILER_TEST_CRASH_AFTER"
+TEST_CRASH = CRASH_HOOK
 TEST_HOLD_PUSH = "RECONCILER_TEST_HOLD_PUSH"
 WATCHED = ("specs", "execution_templates")
 MIN_WAKE = 0.2  # never spin: the shortest sleep between two passes asked for by retry_after

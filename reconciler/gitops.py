@@ -154,10 +154,30 @@ def last_commits(path: Path, files: list[str]) -> dict[str, str]:
     return found
 
 
-def head_blob(repo: git.Repo, path: str) -> str | None:
-    """A file's text at HEAD, or None when HEAD has no such file."""
-    p = run_git(Path(repo.working_tree_dir), "cat-file", "blob", f"HEAD:{path}", check=False)
-    return p.stdout if p.returncode == 0 else None
+def head_blobs(repo: git.Repo, paths: list[str]) -> dict[str, str | None]:
+    """Files' texts at HEAD (None where HEAD has no such file, or no commit yet), read by one
+    ``git cat-file --batch`` for all of them: a pass may ask for thousands."""
+    if not paths:
+        return {}
+    if head(repo) is None:
+        return {p: None for p in paths}
+    query = "".join(f"HEAD:{p}\n" for p in paths).encode()
+    proc = subprocess.run(["git", "-C", str(repo.working_tree_dir), "cat-file", "--batch"], input=query,
+                          capture_output=True, env=git_env(), timeout=120)
+    if proc.returncode != 0:
+        raise GitError(f"git cat-file failed: {proc.stderr.decode(errors='replace').strip()[:500]}")
+    out, pos, found = proc.stdout, 0, {}
+    for p in paths:
+        eol = out.index(b"\n", pos)
+        header = out[pos:eol].split()
+        pos = eol + 1
+        found[p] = None  # "<name> missing", or not a blob
+        if len(header) == 3:  # "<sha> <type> <size>", then the bytes and a newline
+            size = int(header[2])
+            if header[1] == b"blob":
+                found[p] = out[pos:pos + size].decode("utf-8", "replace")
+            pos += size + 1
+    return found
 
 
 # ---------------------------------------------------------------- the daemon's remote: fetch, rebase, push

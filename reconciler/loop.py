@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import gitops, status as statuses
-from .apply import ApplyContext, Outcome, apply
+from .apply import CRASH_HOOK, ApplyContext, Outcome, apply
 from .config import Config
 from .observe import names_to_watch, observe
 from .observed import ObservedWorld
@@ -25,8 +25,7 @@ from .spec.load import DesiredState, SpecCache, load_tree
 from .transports import TransportPool
 
 log = logging.getLogger("reconciler")
-# For crash-safety tests only: set to "apply" and the process exits abruptly right after apply.
-CRASH_HOOK = "RECONCILER_TEST_CRASH_AFTER"
+# For crash-safety tests only: CRASH_HOOK=apply exits abruptly right after apply.
 
 
 @dataclass
@@ -124,6 +123,7 @@ class Reconciler:
             pool.close()
         by_name = {o.name: o for o in result.outcomes if not o.side}
         phases = {n: st.phase for n, st in previous.items()}
+        written: dict[str, statuses.RunStatus] = {}
         for change in plan.changes:
             if change.phase is None:
                 continue
@@ -142,6 +142,7 @@ class Reconciler:
             if wrote:
                 phases[change.name] = new.phase
                 result.written.append(change.name)
+                written[change.name] = new
                 before = prev.phase if prev else "-"
                 if before != new.phase or (prev and (prev.attempt, prev.generation) != (new.attempt, new.generation)):
                     ident = change.identity or ""
@@ -156,7 +157,9 @@ class Reconciler:
 
             def message(paths: list[str]) -> str:
                 names = [Path(p).stem for p in paths]
-                found = [lines.get(n) or _transition_since_head(self.repo, p) for n, p in zip(names, paths)]
+                at_head = gitops.head_blobs(self.repo, [p for n, p in zip(names, paths) if n not in lines])
+                found = [lines.get(n) or _transition_since_head(self.repo, p, at_head[p], written.get(n))
+                         for n, p in zip(names, paths)]
                 return gitops.transitions_message([t for t in found if t], files=len(paths))
 
             made = gitops.commit_status(self.repo, message, gitops.Author(cfg.author_name, cfg.author_email))
@@ -172,8 +175,7 @@ class Reconciler:
         for c in plan.changes:
             prev = previous.get(c.name)
             if c.phase is not None and c.spec_path and (
-                    c.action in ("launch", "relaunch") or prev is None
-                    or prev.spec.digest != c.spec_digest or prev.generation != c.generation):
+                    c.action in ("launch", "relaunch") or statuses.records_new_spec(prev, c)):
                 paths.append(c.spec_path)
         if not paths or self.repo is None:
             return {}
@@ -211,19 +213,22 @@ class Settled:
     phase: str
 
 
-def _transition_since_head(repo, path: str) -> str | None:
-    """The transition line of a status file written by an earlier pass and not committed then
-    (--no-commit, or a crash before the commit), from its version at HEAD to the file now."""
-    new = statuses.load_one(Path(repo.working_tree_dir) / "status", Path(path).stem)
+def _transition_since_head(repo, path: str, old_text: str | None,
+                           new: statuses.RunStatus | None = None) -> str | None:
+    """The transition line of a status file from its version at HEAD to the file now, for files
+    whose change this pass did not describe: written by an earlier pass and not committed then
+    (--no-commit, or a crash before the commit), or rewritten now without a transition of its own
+    (progress). ``old_text``: the file at HEAD; ``new``: the status this pass wrote, when it
+    wrote one (not read again)."""
+    new = new or statuses.load_one(Path(repo.working_tree_dir) / "status", Path(path).stem)
     if new is None:
         return f"{Path(path).stem}: status file removed"
-    old_text = gitops.head_blob(repo, path)
-    old = statuses.parse_text(old_text, Path(path).stem) if old_text is not None else None
-    if old is not None and (old.phase, old.generation, old.attempt) == (new.phase, new.generation, new.attempt):
+    old = statuses.head_key(old_text)
+    if old == (new.phase, new.generation, new.attempt):
         return None
     ident = new.handle.identity if new.handle and new.handle.identity else ""
     reason = new.history[-1].reason if new.history else new.message
-    return f"{new.name}: {old.phase if old else '-'} → {new.phase} [{ident}] {reason}"[:300]
+    return f"{new.name}: {old[0] if old else '-'} → {new.phase} [{ident}] {reason}"[:300]
 
 
 def _digest(desired: DesiredState, name: str) -> str | None:

@@ -233,16 +233,19 @@ def make_plan(desired: DesiredState, world: ObservedWorld, previous: dict[str, R
             continue
         plan.changes.extend(_running(name, entry, prev, world, desired, slots, settings, now,
                                      missing_secrets.get(name, [])))
+    by_run = {c.name: c for c in plan.changes if c.phase is not None} if missing_secrets else {}
     for name, secrets in sorted(missing_secrets.items()):
-        entry, change = desired.runs.get(name), plan.for_run(name)
+        entry, change = desired.runs.get(name), by_run.get(name)
         # Only where a launch may still come: not for a stopped run, nor for one that has ended.
         if (secrets and entry is not None and entry.run.spec.desiredState != "Stopped"
                 and change is not None and change.phase not in TERMINAL):
             plan.warnings.append(f"{name}: secret(s) {', '.join(secrets)} not set on the reconciler host; "
                                  "its launches wait until they are")
-    plan.changes.extend(_fences(plan, world, invalid))
+    covered = _accounted(plan)
+    plan.changes.extend(_fences(world, invalid, covered))
     known = set(desired.runs) | set(desired.invalid) | set(previous) | settled
-    plan.changes.extend(_leftovers(plan, world, invalid, known))
+    # Fences add only live instances, which _leftovers passes over anyway: the same set serves both.
+    plan.changes.extend(_leftovers(plan, world, invalid, known, covered))
     return plan
 
 
@@ -284,7 +287,7 @@ def _stop(name: str, entry: RunEntry | None, prev: RunStatus | None, world: Obse
         p = parse(ended.identity)
         exit_note = f" (exit {ended.exit_code})" if ended.exit_code is not None else ""
         return Change(name, "collect", code, f"{why}; {ended.identity} had already {ended.state}{exit_note}",
-                      phase, p.generation if p else gen, p.attempt if p else att, identity=ended.identity,
+                      phase, p.generation, p.attempt, identity=ended.identity,
                       machine=ended.machine, workspace=ended.workspace, exit_code=ended.exit_code,
                       # The spec that attempt ran, not the one that stops it: the end belongs to it
                       # (so flipping Stopped back gives the same result whenever passes ran).
@@ -314,7 +317,7 @@ def _ended_uncollected(name: str, prev: RunStatus | None, world: ObservedWorld) 
     mine = [r for r in ended if r.identity == current]
     if mine:
         return mine[0]
-    return max(ended, key=lambda r: (parse(r.identity) or (r.identity, 0, 0))[1:])
+    return max(ended, key=lambda r: parse(r.identity)[1:])  # instances() holds parsed identities only
 
 
 def _on_unreachable(world: ObservedWorld, prev: RunStatus | None) -> str | None:
@@ -431,7 +434,7 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
             return [launch(1, "SpecChanged", f"spec changed ({_short(prev.spec.digest)} → {_short(entry.digest)}): "
                                              f"generation {prev.generation} → {gen}")]
         why = "new run" if prev is None else "not running yet"
-        taken = [r.identity for r in instances if r.spec_digest != entry.digest and parse(r.identity)]
+        taken = [r.identity for r in instances if r.spec_digest != entry.digest]
         if taken:
             why += f"; {', '.join(taken)} on the machines ran another spec, so this one runs as generation {gen}"
         return [launch(attempt, "NewRun" if prev is None or prev.generation == 0 else "Launch", why)]
@@ -578,10 +581,9 @@ def _accounted(plan: Plan) -> set[str]:
     return covered
 
 
-def _fences(plan: Plan, world: ObservedWorld, protected: set[str]) -> list[Change]:
-    """Live instances no change accounts for: an old attempt that came back, a foreign leftover.
-    ``protected``: runs whose spec is invalid; what they run is left alone until it is fixed."""
-    covered = _accounted(plan)
+def _fences(world: ObservedWorld, protected: set[str], covered: set[str]) -> list[Change]:
+    """Live instances no change accounts for (``covered``): an old attempt that came back, a
+    foreign leftover. ``protected``: runs whose spec is invalid; what they run is left alone."""
     out = []
     for m in world.machines.values():
         if not m.reachable:
@@ -598,7 +600,8 @@ def _fences(plan: Plan, world: ObservedWorld, protected: set[str]) -> list[Chang
     return out
 
 
-def _leftovers(plan: Plan, world: ObservedWorld, protected: set[str], known: set[str]) -> list[Change]:
+def _leftovers(plan: Plan, world: ObservedWorld, protected: set[str], known: set[str],
+               covered: set[str]) -> list[Change]:
     """Finished or never-started workspaces that are no run's current instance: collect and clean.
 
     A fenced instance, a lost one, or a staged bundle a crash left behind would otherwise stay on
@@ -609,7 +612,6 @@ def _leftovers(plan: Plan, world: ObservedWorld, protected: set[str], known: set
     run the repository does not know at all. Earlier attempts of the current generation stay until
     the run's final collection removes them with the rest.
     """
-    covered = _accounted(plan)
     current_gen = {c.name: c.generation for c in plan.changes if c.phase is not None}
     out = []
     for m in world.machines.values():

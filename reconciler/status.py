@@ -20,6 +20,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 from ruamel.yaml import YAML
 
+from .spec.models import DNS_LABEL, DNS_LABEL_MAX
+
 HISTORY_LIMIT = 20
 PHASES = ("Pending", "Provisioning", "Starting", "Running", "Succeeded", "Failed", "Terminated", "Invalid", "Unknown")
 TERMINAL = ("Succeeded", "Failed", "Terminated")
@@ -220,14 +222,33 @@ def load_all(status_dir: Path, cache: StatusCache | None = None,
     return out
 
 
+_KEY_LINES = re.compile(r"^(phase|generation|attempt): (\S+)$", re.MULTILINE)
+
+
+def head_key(text: str | None) -> tuple[str, int, int] | None:
+    """(phase, generation, attempt) of a status file's text, from its top-level lines (``dump``
+    writes them in a fixed order and form), without parsing the whole document."""
+    if text is None:
+        return None
+    found = dict(_KEY_LINES.findall(text[:2048]))
+    try:
+        return found["phase"], int(found.get("generation", 0)), int(found.get("attempt", 0))
+    except (KeyError, ValueError):  # not a status file as dump writes it: unknown, like an unreadable one
+        return None
+
+
 def load_one(status_dir: Path, name: str) -> RunStatus | None:
-    if not SAFE_NAME.match(name):
+    if not _safe(name):
         return None
     return _parse_status(status_dir / f"{name}.yaml", _yaml())
 
 
 # A run name as validation admits it (a DNS label): the only names a status path is built from.
-SAFE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+SAFE_NAME = re.compile(DNS_LABEL)
+
+
+def _safe(name: str) -> bool:
+    return bool(SAFE_NAME.match(name)) and len(name) <= DNS_LABEL_MAX
 
 
 class UnsafeName(ValueError):
@@ -235,13 +256,11 @@ class UnsafeName(ValueError):
 
 
 def status_path(status_dir: Path, name: str) -> Path:
-    """``status/<name>.yaml``, checked: the name is a DNS label and the path stays in ``status_dir``."""
-    if not isinstance(name, str) or not SAFE_NAME.match(name):
+    """``status/<name>.yaml``, checked: only a DNS label (no '/', no '.') names it, so the path
+    cannot leave ``status_dir``."""
+    if not _safe(name):
         raise UnsafeName(f"{name!r} is not a valid run name; no status file is written for it")
-    path = status_dir / f"{name}.yaml"
-    if path.parent.resolve() != status_dir.resolve():
-        raise UnsafeName(f"status file for {name!r} would be outside {status_dir}")
-    return path
+    return status_dir / f"{name}.yaml"
 
 
 def write_if_changed(status_dir: Path, status: RunStatus) -> bool:
@@ -294,6 +313,12 @@ def same_ignoring_time(a: RunStatus | None, b: RunStatus) -> bool:
 # ---------------------------------------------------------------- summarize
 
 
+def records_new_spec(prev: RunStatus | None, change) -> bool:
+    """Whether the status of ``change``'s run records another spec than ``prev`` did (a new spec
+    digest or generation): then its spec commit is written anew."""
+    return prev is None or prev.spec.digest != change.spec_digest or prev.generation != change.generation
+
+
 def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_commit: str | None) -> RunStatus:
     """The next status of one run, from its change, the change's outcome and what was observed.
 
@@ -303,10 +328,10 @@ def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_com
     if _steady(prev, change, outcome):
         return _refresh(prev, change, obs, now)
     st = prev.model_copy(deep=True) if prev is not None else RunStatus(name=change.name)
-    new_generation = change.generation != st.generation
+    new_spec = records_new_spec(st, change)
     st.generation, st.attempt = change.generation, change.attempt
     if change.spec_digest:
-        if st.spec.digest != change.spec_digest or new_generation:
+        if new_spec:
             st.spec.commit = spec_commit
         st.spec.digest, st.spec.path = change.spec_digest, change.spec_path
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from reconciler.identity import parse
 from reconciler.observed import ObservedMachine, ObservedRun, ObservedWorld
 from reconciler.plan import PlanSettings, make_plan
 from reconciler.spec.load import DesiredState, RunEntry, run_digest
@@ -57,7 +58,8 @@ def build(case: dict) -> tuple[DesiredState, ObservedWorld, dict[str, RunStatus]
         for ident, r in (mdata.get("runs") or {}).items():
             r = dict(r)
             # An instance is built from the desired spec unless the case says otherwise.
-            entry = desired.runs.get(ident.rsplit("-g", 1)[0])
+            p = parse(ident)
+            entry = desired.runs.get(p.name) if p else None
             if r.get("spec_digest", "auto") == "auto":
                 r["spec_digest"] = entry.digest if entry else "sha256:other"
             m.runs[ident] = ObservedRun(identity=ident, machine=mname, workspace=f"/ws/{ident}", **r)
