@@ -65,6 +65,16 @@ def built_digest(dest: Path) -> str | None:
         return None
 
 
+def data_parallel_env(gpus: int) -> dict[str, str]:
+    """torchrun's settings for one process per GPU on one machine, which ms-swift reads (it starts
+    torchrun only when NPROC_PER_NODE is set: without it, a 4-GPU run trains on one GPU) and a
+    ``command`` task may pass on. MASTER_PORT is chosen free on the machine at launch (launch.sh),
+    so two runs on one machine never share a rendezvous port. A run's own runtime_env wins."""
+    if gpus <= 1:
+        return {}
+    return {"NPROC_PER_NODE": str(gpus), "NNODES": "1", "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+
+
 def build(req: BundleRequest, dest: Path) -> Bundle:
     """Build into ``dest`` (atomically). An existing bundle for the identity is reused only when it
     was built for the same spec (an identity never names two spec contents). One built for another
@@ -99,7 +109,8 @@ def build(req: BundleRequest, dest: Path) -> Bundle:
         _write(tmp / "scripts" / name, (RUNTIME_DIR / name).read_bytes(), 0o755)
     for rel, content in sorted(rendered.files.items()):
         _write(tmp / rel, content, 0o644)
-    env = dict(req.effective.runtime_env)
+    env = data_parallel_env(len(req.gpus) or req.effective.resources.gpu_count)
+    env.update(req.effective.runtime_env)
     env.update(rendered.env)
     if req.gpus or req.effective.resources.gpu_count:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in req.gpus)

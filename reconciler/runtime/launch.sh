@@ -32,6 +32,16 @@ RECONCILER_BUNDLE="$bundle"
 export RECONCILER_IDENTITY RECONCILER_BUNDLE
 [ -f scripts/env.sh ] && . ./scripts/env.sh
 
+# Data parallel on this machine (env.sh sets NPROC_PER_NODE for a run of several GPUs): a free
+# loopback port for torchrun's rendezvous, chosen here, at launch, where it is free. Without a
+# python the launcher's own default applies.
+py="${RECONCILER_PYTHON:-}"
+if [ -z "$py" ]; then py=$(command -v python3 2>/dev/null); fi
+if [ -n "${NPROC_PER_NODE:-}" ] && [ -z "${MASTER_PORT:-}" ] && [ -n "$py" ]; then
+    MASTER_PORT=$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null) \
+        && export MASTER_PORT || unset MASTER_PORT
+fi
+
 child=""
 hb=""
 sampler=""
@@ -62,8 +72,6 @@ trap on_term TERM INT HUP
 log "launch $ident in $bundle"
 
 # GPU telemetry, when the execution plane has a python; it exits by itself when this script dies.
-py="${RECONCILER_PYTHON:-}"
-if [ -z "$py" ]; then py=$(command -v python3 2>/dev/null); fi
 if [ -n "$py" ] && [ -f scripts/gpu_sampler.py ] && [ "${RECONCILER_GPU_SAMPLER:-1}" != "0" ]; then
     "$py" scripts/gpu_sampler.py --out artifacts/nvml-audit.jsonl --interval "${RECONCILER_SAMPLE_INTERVAL:-1}" \
         --watch-pid $$ </dev/null >>runtime/runtime.log 2>&1 &

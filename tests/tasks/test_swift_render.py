@@ -388,3 +388,58 @@ def test_unknown_and_managed_args_are_reported_together(tmp_path):
                      "(artifacts and resume)",
                      "specs/r.yaml:10:31: spec.task.args.lora_rnk: 'lora_rnk' is not an argument of ms-swift's "
                      "'swift sft' (did you mean 'lora_rank'?)"]
+
+
+# ---------------------------------------------------------------- data parallel on one machine
+
+
+def gpu_template(runtime_env: dict | None = None) -> ExecutionTemplate:
+    return ExecutionTemplate.model_validate({
+        "apiVersion": "reconciler/v1", "kind": "ExecutionTemplate", "id": "local-swift",
+        "placement": {"kind": "local"}, "launch_mode": {"kind": "host_process"},
+        "defaults": {"resources": {"gpu_count": 2}, "runtime_env": runtime_env or {}}})
+
+
+def build_on_gpus(tmp_path: Path, run: Run, gpus: list[int], t: ExecutionTemplate) -> Path:
+    req = bundles.BundleRequest(repo_root=tmp_path / "repo", identity="r-g1-a1", run=run, spec_digest=run_digest(run),
+                                repo_head=None, template=t, effective=effective(run, t), machine="local", gpus=gpus)
+    return bundles.build(req, tmp_path / "bundles" / "r-g1-a1").path
+
+
+def env_file(bundle: Path) -> dict[str, str]:
+    out = {}
+    for line in (bundle / "scripts" / "env.sh").read_text().splitlines():
+        if line.startswith("export "):
+            k, v = line[len("export "):].split("=", 1)
+            out[k] = v
+    return out
+
+
+def test_two_gpu_swift_run_renders_data_parallel_settings(tmp_path):
+    (tmp_path / "repo").mkdir()
+    env = env_file(build_on_gpus(tmp_path, run_model({}), [2, 3], gpu_template()))
+    assert env["NPROC_PER_NODE"] == "2" and env["NNODES"] == "1" and env["NODE_RANK"] == "0"
+    assert env["MASTER_ADDR"] == "127.0.0.1" and env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert "MASTER_PORT" not in env  # chosen free on the machine at launch
+
+
+def test_one_gpu_run_gets_no_torchrun_settings_and_runtime_env_wins(tmp_path):
+    (tmp_path / "repo").mkdir()
+    one = build_on_gpus(tmp_path / "a", run_model({}), [0], gpu_template())
+    assert "NPROC_PER_NODE" not in env_file(one)
+    mine = build_on_gpus(tmp_path / "b", run_model({}), [0, 1], gpu_template({"NPROC_PER_NODE": "1"}))
+    assert env_file(mine)["NPROC_PER_NODE"] == "1"
+
+
+def test_command_run_on_two_gpus_gets_the_variables_and_a_free_master_port(tmp_path):
+    (tmp_path / "repo").mkdir()
+    run = Run.model_validate({"apiVersion": "reconciler/v1", "kind": "Run", "metadata": {"name": "r"},
+                              "spec": {"template": "local-swift", "task": {"type": "command", "argv": [
+                                  "sh", "-c", "echo $NPROC_PER_NODE $NNODES $NODE_RANK $MASTER_ADDR $MASTER_PORT"]}}})
+    b = build_on_gpus(tmp_path, run, [0, 1], gpu_template())
+    p = subprocess.run(["sh", "scripts/launch.sh", "r-g1-a1"], cwd=b, env={"PATH": "/usr/bin:/bin",
+                       "RECONCILER_GPU_SAMPLER": "0", "RECONCILER_PYTHON": sys.executable}, timeout=30)
+    assert p.returncode == 0
+    nproc, nnodes, rank, addr, port = (b / "artifacts" / "stdout.log").read_text().split()
+    assert (nproc, nnodes, rank, addr) == ("2", "1", "0", "127.0.0.1")
+    assert 1024 < int(port) < 65536
