@@ -37,6 +37,8 @@ COMMANDS = {
     "provenance": "what a run was made of, or --diff what differs from another run",
     "config": "the effective configuration as JSON, secrets redacted",
     "completion": "print the shell completion script: bash, zsh or fish",
+    "agent": "on an in-house machine: hold its tunnel to the reconciler's host, drain or resume it; "
+             "authorize prints what that host must allow",
 }
 SUBCOMMANDS = tuple(COMMANDS)
 LOOP = ("plan", "status", "logs", "provenance", "config")  # the commands that read the loop's configuration
@@ -44,7 +46,7 @@ SHELLS = ("bash", "zsh", "fish")
 
 # Where each global option applies: command names, "once" (--once) and "daemon" (no command, no --once).
 APPLIES: dict[str, tuple[str, ...]] = {
-    "repo": ("validate", "schema", *LOOP, "once", "daemon"),
+    "repo": ("validate", "schema", *LOOP, "agent", "once", "daemon"),
     "config": (*LOOP, "once", "daemon"),
     "json": (*LOOP, "once"),
     "log_format": ("plan", "once", "daemon"),
@@ -251,7 +253,11 @@ def _build_command(p: argparse.ArgumentParser, name: str) -> None:
         _add_command_globals(p, name)
     elif name == "status":
         p.add_argument("name", nargs="?", metavar="NAME", help="one run (default: all)").completer = _run_names
+        p.add_argument("--machines", action="store_true", help="the fleet's machines instead (asks each one): "
+                       "attached, draining, drained or unreachable")
         _add_command_globals(p, name)
+    elif name == "agent":
+        _build_agent(p)
     elif name == "logs":
         p.add_argument("name", metavar="NAME").completer = _run_names
         p.add_argument("--follow", "-f", action="store_true", help="poll until the run has finished")
@@ -270,6 +276,37 @@ def _build_command(p: argparse.ArgumentParser, name: str) -> None:
         p.add_argument("shell", choices=SHELLS, metavar="SHELL", help="one of: " + ", ".join(SHELLS))
         p.epilog = ('Install: eval "$(reconcile completion bash)" in ~/.bashrc (zsh: the same line in ~/.zshrc, after '
                     "compinit); fish: reconcile completion fish > ~/.config/fish/completions/reconcile.fish")
+
+
+def _build_agent(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    r = sub.add_parser("run", prog=f"{PROG} agent run", help="hold the reverse tunnel (foreground; a systemd unit "
+                       "runs it: deploy/reconciler-agent.service)")
+    r.add_argument("--vm", required=True, metavar="[USER@]HOST", help="the reconciler's host and the login the "
+                   "agent's key may use there")
+    r.add_argument("--vm-port", type=int, default=22, metavar="PORT", help="its sshd port (default 22)")
+    r.add_argument("--listen-port", type=int, required=True, metavar="PORT",
+                   help="the tunnel's port on the host's loopback: the Fleet's tunnel_port")
+    r.add_argument("--sshd-port", type=int, default=22, metavar="PORT", help="this machine's sshd (default 22)")
+    r.add_argument("--identity", metavar="KEY", help="private key for the host (default: ssh's own)")
+    r.add_argument("--known-hosts", metavar="FILE", help="known_hosts holding the host's key (default: ssh's own)")
+    r.add_argument("--max-backoff", type=float, default=1.0, metavar="SECONDS",
+                   help="longest wait between reconnects (default 1)")
+    d = sub.add_parser("drain", prog=f"{PROG} agent drain", help="take this machine out of service: running work "
+                       "finishes, nothing new starts (no pull request needed)")
+    d.add_argument("--reason", default="drained from the machine", help="shown in the runs' Pending reason")
+    d.add_argument("--home", metavar="DIR", help="the home of the login the reconciler uses (default: yours)")
+    u = sub.add_parser("resume", prog=f"{PROG} agent resume", help="put this machine back in service")
+    u.add_argument("--home", metavar="DIR", help="the home of the login the reconciler uses (default: yours)")
+    a = sub.add_parser("authorize", prog=f"{PROG} agent authorize", help="print the authorized_keys line and sshd "
+                       "Match block the reconciler's host needs for MACHINE's agent (run in the repository)")
+    a.add_argument("machine", metavar="MACHINE", help="a Fleet machine with connect: tunnel")
+    a.add_argument("--key", required=True, metavar="PUBFILE", help="the agent's public key file")
+    a.add_argument("--vm-user", default="reconcile-tunnel", metavar="USER",
+                   help="the login on the host that agents use (default reconcile-tunnel)")
+    for c in (r, d, u, a):
+        if c is a:
+            _add_command_globals(c, "agent")
 
 
 # ---------------------------------------------------------------- typos, misplaced options
@@ -377,6 +414,10 @@ def _dispatch(name: str, args: argparse.Namespace) -> int:
         return cmd_schema(args)
     if name == "completion":
         return cmd_completion(args)
+    if name == "agent":
+        from .agent_cli import cmd_agent
+
+        return cmd_agent(args)
     from . import commands  # the loop's commands import more; validate stays light
 
     return commands.run(name, args)

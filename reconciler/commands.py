@@ -118,7 +118,63 @@ def _age(text: str | None, now: float) -> str:
     return f"{s}s"
 
 
+def machine_states(cfg: configs.Config) -> list[dict]:
+    """Each machine as the reconciler sees it now (one probe each): attached, draining (taking
+    nothing new, work still running), drained (nothing left: free for manual use) or unreachable."""
+    from .observe import observe
+    from .plan import LOCAL
+    from .spec.load import load_tree
+    from .transports import TransportPool
+
+    desired = load_tree(cfg.repo)
+    previous = statuses.load_all(cfg.repo / "status")
+    pool = TransportPool(cfg, desired)
+    fleet = {m.name: m for f in desired.fleets.values() for m in f.spec.machines}
+    try:
+        world = observe(pool.machines(previous), pool.get, [], previous, time.time())
+    finally:
+        pool.close()
+    out = []
+    for name, obs in sorted(world.machines.items()):
+        m = fleet.get(name)
+        tasks = sum(1 for r in obs.runs.values() if r.alive)
+        why = None
+        if m is not None and m.max_tasks == 0:
+            why = "max_tasks 0 in its Fleet"
+        elif obs.draining is not None:
+            why = obs.draining
+        if not obs.reachable:
+            state, why = "unreachable", obs.error
+        elif why is not None:
+            state = "draining" if tasks else "drained"
+        else:
+            state = "attached"
+        out.append({"name": name, "connect": "local" if name == LOCAL else (m.connect if m else "-"),
+                    "state": state, "tasks": tasks, "max_tasks": m.max_tasks if m else None,
+                    "foreign_gpus": obs.foreign_gpus, "reason": why or ""})
+    return out
+
+
+def cmd_machines(args: argparse.Namespace) -> int:
+    rows = machine_states(_cfg(args))
+    if args.json:
+        print(json.dumps(rows, indent=2, sort_keys=True))
+        return 0
+    table = [("MACHINE", "CONNECT", "STATE", "TASKS", "REASON")]
+    for r in rows:
+        limit = "" if r["max_tasks"] is None else f"/{r['max_tasks']}"
+        table.append((r["name"], r["connect"], r["state"], f"{r['tasks']}{limit}", r["reason"][:100]))
+    widths = [max(len(t[i]) for t in table) for i in range(4)]
+    for t in table:
+        print("  ".join(t[i].ljust(widths[i]) for i in range(4)) + "  " + t[4])
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
+    if getattr(args, "machines", False):
+        if args.name:
+            raise UsageError("status --machines takes no run NAME")
+        return cmd_machines(args)
     cfg = _cfg(args)
     all_status = statuses.load_all(cfg.repo / "status")
     if args.name:

@@ -36,6 +36,10 @@ class Config(BaseModel):
     author_name: str = "reconciler"
     author_email: str = "reconciler@localhost"
     unreachable_grace: float = 300.0
+    # A live instance named like ours whose run the repository does not know at all (no spec, no
+    # status) is stopped only once it has run this long: a checkout behind the one that launched
+    # it must not kill it on sight.
+    orphan_grace: float = 300.0
     terminate_grace: float = 10.0
     ssh_connect_timeout: float = 5.0
     ssh_command_timeout: float = 60.0

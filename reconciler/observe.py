@@ -47,7 +47,9 @@ def observe(machines: list[str], transport_for: Callable[[str], object], names: 
         m = ObservedMachine(name)
         try:
             t = transport_for(name)
-            report = t.agent({"op": "probe", "names": names})
+            fleet_machine = getattr(getattr(t, "machine", None), "fleet_machine", None)
+            avoid = getattr(fleet_machine, "foreign_gpus", "ignore") == "avoid"
+            report = t.agent({"op": "probe", "names": names, **({"gpu_processes": True} if avoid else {})})
             m.round_trips = getattr(t, "round_trips", 1)
         except Exception as e:  # noqa: BLE001 - a probe failure must never stop the pass
             m.reachable, m.error = False, str(e) if isinstance(e, ReconcilerError) else f"{type(e).__name__}: {e}"
@@ -55,6 +57,14 @@ def observe(machines: list[str], transport_for: Callable[[str], object], names: 
             return m
         if report.get("error"):
             m.error = report["error"]
+        drain = report.get("drain")
+        if isinstance(drain, dict):
+            m.draining = str(drain.get("reason") or "") or "drained from the machine"
+        foreign = report.get("foreign_gpus")
+        if isinstance(foreign, dict):
+            m.foreign_gpus = [g for g in foreign.get("gpus") or [] if isinstance(g, int)]
+            if foreign.get("error"):
+                m.error = (m.error + "; " if m.error else "") + str(foreign["error"])
         for ident, r in report.get("runs", {}).items():
             state = r.get("state")
             if state not in RUN_STATES:

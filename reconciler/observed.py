@@ -54,6 +54,8 @@ class ObservedMachine:
     unreachable_since: float | None = None
     runs: dict[str, ObservedRun] = field(default_factory=dict)
     round_trips: int = 0
+    draining: str | None = None  # the machine's own drain flag (`reconcile agent drain`): its reason
+    foreign_gpus: list[int] = field(default_factory=list)  # GPUs held by processes the reconciler did not start
 
 
 @dataclass

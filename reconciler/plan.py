@@ -129,6 +129,7 @@ class Plan:
 @dataclass
 class PlanSettings:
     unreachable_grace: float = 300.0
+    orphan_grace: float = 300.0  # a live instance of a run nobody knows is stopped after running this long
     local_max_tasks: int | None = None
     local_gpus: int = 0
 
@@ -147,6 +148,8 @@ class Slot:
     used_gpus: set[int] = field(default_factory=set)
     reachable: bool = True
     error: str = ""
+    draining: str | None = None  # drained from the machine itself (its reason)
+    foreign_gpus: set[int] = field(default_factory=set)  # used by processes the reconciler did not start
 
     def _free(self, gpu_type: str | None) -> list[int]:
         return [i for i, t in sorted(self.gpu_types.items())
@@ -157,12 +160,15 @@ class Slot:
             return f"unreachable ({self.error})" if self.error else "unreachable"
         if self.max_tasks == 0:
             return "drained (max_tasks 0)"
+        if self.draining is not None:
+            return f"draining ({self.draining})"
         if self.max_tasks is not None and self.tasks >= self.max_tasks:
             return f"{self.tasks}/{self.max_tasks} tasks"
         free = self._free(gpu_type)
         if len(free) < gpu_count:
             kind = f" {gpu_type}" if gpu_type else ""
-            return f"{len(free)} free{kind} GPU(s) of {gpu_count} wanted"
+            others = f" ({len(self.foreign_gpus)} in use outside the reconciler)" if self.foreign_gpus else ""
+            return f"{len(free)} free{kind} GPU(s) of {gpu_count} wanted{others}"
         return None
 
     def take(self, gpu_count: int, gpu_type: str | None) -> list[int]:
@@ -189,6 +195,10 @@ def _slots(desired: DesiredState, world: ObservedWorld, settings: PlanSettings) 
         if slot is None:
             continue
         slot.reachable, slot.error = obs.reachable, obs.error
+        slot.draining = obs.draining
+        # A GPU someone uses by hand is not free, whatever the fleet says (foreign_gpus: avoid).
+        slot.foreign_gpus = set(obs.foreign_gpus)
+        slot.used_gpus.update(obs.foreign_gpus)
         for r in obs.runs.values():
             if r.alive:
                 slot.tasks += 1
@@ -242,8 +252,8 @@ def make_plan(desired: DesiredState, world: ObservedWorld, previous: dict[str, R
             plan.warnings.append(f"{name}: secret(s) {', '.join(secrets)} not set on the reconciler host; "
                                  "its launches wait until they are")
     covered = _accounted(plan)
-    plan.changes.extend(_fences(world, invalid, covered))
     known = set(desired.runs) | set(desired.invalid) | set(previous) | settled
+    plan.changes.extend(_fences(world, invalid, covered, known, now, settings.orphan_grace, plan.warnings))
     # Fences add only live instances, which _leftovers passes over anyway: the same set serves both.
     plan.changes.extend(_leftovers(plan, world, invalid, known, covered))
     return plan
@@ -581,9 +591,15 @@ def _accounted(plan: Plan) -> set[str]:
     return covered
 
 
-def _fences(world: ObservedWorld, protected: set[str], covered: set[str]) -> list[Change]:
+def _fences(world: ObservedWorld, protected: set[str], covered: set[str], known: set[str], now: float,
+            orphan_grace: float, warnings: list[str]) -> list[Change]:
     """Live instances no change accounts for (``covered``): an old attempt that came back, a
-    foreign leftover. ``protected``: runs whose spec is invalid; what they run is left alone."""
+    foreign leftover. ``protected``: runs whose spec is invalid; what they run is left alone.
+
+    An instance of a run the repository does not know at all (``known``: no spec, no status) is
+    stopped only once it has run ``orphan_grace`` seconds, with a warning until then: it may
+    belong to a newer checkout than this one. Anything not named like a run identity is never
+    reported by the probe, so never touched."""
     out = []
     for m in world.machines.values():
         if not m.reachable:
@@ -593,8 +609,16 @@ def _fences(world: ObservedWorld, protected: set[str], covered: set[str]) -> lis
                 p = parse(ident)
                 if p is not None and p.name in protected:
                     continue
-                out.append(Change(p.name if p else ident, "terminate", "Fenced",
-                                  f"{ident} is alive on {m.name} but is not the run's current instance",
+                if p is not None and p.name not in known and r.started_at is not None:
+                    until = r.started_at + orphan_grace
+                    if now < until:
+                        warnings.append(f"{ident} runs on {m.name} but no spec or status names {p.name}; "
+                                        f"it is stopped at {iso(until)} unless a spec claims it")
+                        continue
+                why = (f"{ident} is alive on {m.name} but no spec or status names {p.name}"
+                       if p is not None and p.name not in known else
+                       f"{ident} is alive on {m.name} but is not the run's current instance")
+                out.append(Change(p.name if p else ident, "terminate", "Fenced", why,
                                   None, p.generation if p else 0, p.attempt if p else 0,
                                   kill=[Kill(m.name, ident, r.workspace)]))
     return out

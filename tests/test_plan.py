@@ -54,7 +54,8 @@ def build(case: dict) -> tuple[DesiredState, ObservedWorld, dict[str, RunStatus]
     world.machines["local"] = ObservedMachine("local")
     for mname, mdata in (case.get("observed") or {}).items():
         m = ObservedMachine(mname, reachable=mdata.get("reachable", True), error=mdata.get("error", ""),
-                            unreachable_since=mdata.get("unreachable_since"))
+                            unreachable_since=mdata.get("unreachable_since"), draining=mdata.get("draining"),
+                            foreign_gpus=mdata.get("foreign_gpus", []))
         for ident, r in (mdata.get("runs") or {}).items():
             r = dict(r)
             # An instance is built from the desired spec unless the case says otherwise.
@@ -94,3 +95,10 @@ def test_plan_is_deterministic():
     a = make_plan(*build(case)).to_json()
     b = make_plan(*build(case)).to_json()
     assert a == b
+
+
+def test_a_gpu_in_use_outside_the_reconciler_is_not_handed_out():
+    case = yaml.safe_load((Path(__file__).parent / "plan_cases" / "28-foreign-gpu-use.yaml").read_text())
+    plan = make_plan(*build(case))
+    assert plan.for_run("a").gpus == [1]
+    assert "(1 in use outside the reconciler)" in plan.for_run("b").reason

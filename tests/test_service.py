@@ -195,3 +195,22 @@ def test_the_sandbox_rating_falls_without_it(tmp_path: Path) -> None:
     install_root(tmp_path, bare)
     m = re.search(r": (\d+\.\d+) (\w+)", security(tmp_path).stdout)
     assert m and float(m.group(1)) >= 7.5, m and m.group(0)
+
+
+# ---------------------------------------------------------------- the in-house agent's unit
+
+AGENT_UNIT = REPO / "deploy" / "reconciler-agent.service"
+
+
+def test_agent_unit_verifies_on_the_documented_install(tmp_path: Path) -> None:
+    """deploy/reconciler-agent.service as docs/inhouse.md installs it on the in-house machine."""
+    install_root(tmp_path, UNIT.read_text())
+    (tmp_path / "etc/reconciler/agent.env").write_text(
+        "RECONCILER_VM=reconcile-tunnel@vm.example\nRECONCILER_VM_PORT=22\nRECONCILER_TUNNEL_PORT=30024\n")
+    (tmp_path / "etc/systemd/system/reconciler-agent.service").write_text(AGENT_UNIT.read_text())
+    p = subprocess.run([_analyze(), "verify", "--man=no", f"--root={tmp_path}", "reconciler-agent.service"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout == "" and p.stderr == "", p.stdout + p.stderr
+    doc = (REPO / "docs" / "inhouse.md").read_text()
+    for path in ("/etc/reconciler/agent.env", "/etc/reconciler/agent_key", "/etc/reconciler/vm_known_hosts"):
+        assert path in AGENT_UNIT.read_text() and path in doc, path

@@ -87,6 +87,12 @@ class SshTransport:
             raise PermanentError(f"machine {machine.name!r} has no ssh endpoint")
         self.machine = machine
         self.endpoint = machine.fleet_machine.ssh
+        # connect: tunnel — the machine dialled out to this host (``reconcile agent``) and its sshd is
+        # here, on loopback at the tunnel's port; login, keys and host key are the machine's own.
+        tunnel = getattr(machine.fleet_machine, "connect", "ssh") == "tunnel"
+        self.host = "127.0.0.1" if tunnel else self.endpoint.host
+        self.port = machine.fleet_machine.tunnel_port if tunnel else self.endpoint.port
+        self.tunnel = tunnel
         self.connect_timeout = connect_timeout
         self.command_timeout = command_timeout
         self.round_trips = 0
@@ -99,7 +105,9 @@ class SshTransport:
 
     @property
     def where(self) -> str:
-        return f"{self.machine.name} ({self.endpoint.host}:{self.endpoint.port})"
+        if self.tunnel:
+            return f"{self.machine.name} (tunnel 127.0.0.1:{self.port})"
+        return f"{self.machine.name} ({self.host}:{self.port})"
 
     def workspace(self, identity: str) -> str:
         return posixpath.join(self.root(), identity)
@@ -134,7 +142,7 @@ class SshTransport:
             ep = self.endpoint
             client = paramiko.SSHClient()
             keys = client.get_host_keys()
-            hostname = ep.host if ep.port == 22 else f"[{ep.host}]:{ep.port}"
+            hostname = self.host if self.port == 22 else f"[{self.host}]:{self.port}"
             pinned = ep.host_key
             if pinned:
                 parts = pinned.split()
@@ -155,7 +163,7 @@ class SshTransport:
             ident = os.path.expanduser(ep.identity_file) if ep.identity_file else None
             try:
                 client.connect(
-                    ep.host, port=ep.port, username=ep.user, key_filename=ident,
+                    self.host, port=self.port, username=ep.user, key_filename=ident,
                     look_for_keys=ident is None, allow_agent=ident is None,
                     timeout=self.connect_timeout, banner_timeout=self.connect_timeout,
                     auth_timeout=self.connect_timeout, channel_timeout=self.connect_timeout,
@@ -180,12 +188,15 @@ class SshTransport:
                 raise TemporaryError(f"{self.where}: authentication as {ep.user} failed: {e}") from None
             except socket.gaierror as e:
                 client.close()
-                raise TemporaryError(f"{self.where}: cannot resolve {ep.host}: {e.strerror or e}") from None
+                raise TemporaryError(f"{self.where}: cannot resolve {self.host}: {e.strerror or e}") from None
             except (socket.timeout, TimeoutError):
                 client.close()
                 raise TemporaryError(f"{self.where}: connection timed out after {self.connect_timeout:g}s") from None
             except paramiko.ssh_exception.NoValidConnectionsError:
                 client.close()
+                if self.tunnel:  # nothing listens: the agent is down, or cannot reach this host
+                    raise TemporaryError(f"{self.where}: tunnel not up (is `reconcile agent` running on "
+                                         "the machine?)") from None
                 raise TemporaryError(f"{self.where}: connection refused") from None
             except (OSError, paramiko.SSHException, EOFError) as e:
                 client.close()

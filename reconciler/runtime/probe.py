@@ -16,6 +16,12 @@ Each report carries the spec digest the workspace was built for (``job.json``): 
 only ever adopted under the spec it was built from. A workspace that was staged but never started
 (no ``runtime/launched_at``) is ``staged``, not ``lost``: it holds no process and no result, and the
 reconciler either finishes launching it or removes it.
+
+The report also says what the machine itself asks for: a drain flag (``~/.reconciler/drain`` of
+the login, written by ``reconcile agent drain`` on the machine: nothing new starts there) and,
+when the fleet asks for it, the GPUs that processes the reconciler did not start are using
+(``nvidia-smi``'s compute process list; a process is ours when its environment carries
+``RECONCILER_IDENTITY``, which the launch wrapper exports to everything it starts).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import time
 IDENTITY = re.compile(r"^(?P<name>[a-z0-9]([-a-z0-9]*[a-z0-9])?)-g(?P<gen>[0-9]+)-a(?P<attempt>[0-9]+)$")
 TAIL_BYTES = 8192
 PRECHECK_EXIT = 3  # precheck.py: the environment does not match the spec
+DRAIN_FILE = os.path.join("~", ".reconciler", "drain")
 
 
 def _read(path, limit=65536):
@@ -409,10 +416,59 @@ def finish(ws, remove=False):
     return {"removed": False}
 
 
+def drain_state(path=DRAIN_FILE):
+    """The machine's own drain flag: {"reason", "since"}, or None. A flag that cannot be parsed
+    still drains (an engineer meant it), with its text as the reason."""
+    text = _read(os.path.expanduser(path), 4096)
+    if text is None:
+        return None
+    try:
+        flag = json.loads(text)
+        if isinstance(flag, dict):
+            return {"reason": str(flag.get("reason") or "")[:200], "since": flag.get("since")}
+    except ValueError:
+        pass
+    return {"reason": text.strip()[:200], "since": None}
+
+
+def _ours(pid):
+    """Whether a process was started by a launch wrapper (its environment names a run identity).
+    An environment we cannot read (another user's process) is not ours."""
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as fh:
+            return b"\0RECONCILER_IDENTITY=" in b"\0" + fh.read()
+    except OSError:
+        return False
+
+
+def foreign_gpus(smi="nvidia-smi"):
+    """Indices of the GPUs some process not started by the reconciler is using, from nvidia-smi.
+    {"gpus": [...]} or {"error": why} (no nvidia-smi, or it failed: the planner then trusts the fleet)."""
+    def query(*args):
+        p = subprocess.run([smi, *args, "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                           timeout=20)
+        if p.returncode != 0:
+            raise OSError((p.stderr or p.stdout).strip()[:200] or "exit %d" % p.returncode)
+        return [[f.strip() for f in line.split(",")] for line in p.stdout.splitlines() if line.strip()]
+    try:
+        index = {uuid: int(i) for i, uuid in query("--query-gpu=index,uuid")}
+        busy = set()
+        for uuid, pid in query("--query-compute-apps=gpu_uuid,pid"):
+            if uuid in index and pid.isdigit() and not _ours(int(pid)):
+                busy.add(index[uuid])
+        return {"gpus": sorted(busy)}
+    except (OSError, ValueError, subprocess.SubprocessError) as e:
+        return {"error": "cannot read the GPUs' processes: %s" % e}
+
+
 def dispatch(args):
     op = args.get("op", "probe")
     if op == "probe":
-        return probe(args.get("root", "."), args.get("names"))
+        report = probe(args.get("root", "."), args.get("names"))
+        report["drain"] = drain_state()
+        if args.get("gpu_processes"):
+            report["foreign_gpus"] = foreign_gpus()
+        return report
     if op == "terminate":
         return terminate(args["workspace"], args["identity"], float(args.get("grace", 10)))
     if op == "finish":

@@ -492,6 +492,26 @@ class Machine(Strict):
                                     examples=["unix:///run/user/1000/docker.sock"])
     python: str | None = Field(None, description="Execution plane python for ms-swift tasks on this machine.",
                                examples=["/opt/swift/bin/python"])
+    connect: Literal["ssh", "tunnel"] = Field(
+        "ssh", description="ssh: the reconciler dials ssh.host:ssh.port. tunnel: the machine accepts no inbound "
+                           "connections; its `reconcile agent` holds a reverse tunnel to the reconciler's host, "
+                           "reached on 127.0.0.1:tunnel_port (ssh.host is then only the machine's name for "
+                           "people; pin ssh.host_key).")
+    tunnel_port: int | None = Field(None, ge=1, le=65535, description="connect: tunnel only: the port on the "
+                                    "reconciler host's loopback where the agent's tunnel listens.",
+                                    examples=[30024])
+    foreign_gpus: Literal["ignore", "avoid"] = Field(
+        "ignore", description="avoid: a GPU that a process the reconciler did not start is using (an engineer's, "
+                              "by hand) is not handed to a run; the probe reads the GPUs' process list "
+                              "(nvidia-smi) each pass. ignore: only the reconciler's own runs count.")
+
+    @model_validator(mode="after")
+    def _tunnel(self):
+        if self.connect == "tunnel" and self.tunnel_port is None:
+            raise ValueError("connect: tunnel needs tunnel_port (the agent's listen port on the reconciler host)")
+        if self.connect != "tunnel" and self.tunnel_port is not None:
+            raise ValueError("tunnel_port is only for connect: tunnel")
+        return self
 
 
 class FleetSpec(Strict):

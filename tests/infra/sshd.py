@@ -75,11 +75,13 @@ class SshServer:
     ``known_hosts_line`` ("[127.0.0.1]:PORT ssh-ed25519 AAAA..."), ``known_hosts_file``.
     """
 
-    def __init__(self, scratch: str | os.PathLike[str], host: str = "127.0.0.1", user: str = TEST_USER):
+    def __init__(self, scratch: str | os.PathLike[str], host: str = "127.0.0.1", user: str = TEST_USER,
+                 extra_config: str = ""):
         if not host.startswith("127."):
             raise ValueError(f"test sshd must listen on loopback (127.0.0.0/8), not {host!r}")
         self.host = host
         self.user = user
+        self.extra_config = extra_config  # appended last (a Match block must be)
         self.scratch = Path(scratch)
         self.scratch.mkdir(parents=True, exist_ok=True)
         self.home = ensure_test_user(user).pw_dir
@@ -98,7 +100,7 @@ class SshServer:
         # Public material where sshd, acting as the user, can read it.
         self.public_dir = Path(tempfile.mkdtemp(prefix="rc-sshd-", dir="/tmp"))
         self.public_dir.chmod(0o755)
-        authorized = self.public_dir / "authorized_keys"
+        authorized = self.authorized_keys = self.public_dir / "authorized_keys"
         authorized.write_text(self.client_key + "\n")
         authorized.chmod(0o644)
 
@@ -151,6 +153,7 @@ class SshServer:
                     "MaxStartups 200",
                     "MaxSessions 100",
                     "Subsystem sftp internal-sftp",
+                    self.extra_config,
                     "",
                 ]
             )

@@ -356,9 +356,14 @@ def test_fenced_instance_of_an_unknown_run_is_collected_and_removed(tmp_path, ws
     wait_for(lambda: _leaders("ghost-g1-a1"), what="ghost running")
     _user_push(origin, tmp_path, lambda u: (u / "specs/runs/ghost.yaml").unlink())
     fresh = _clone(origin, tmp_path / "vm-2")
-    rec = reconciler(fresh, ws_root)
+    # Within orphan_grace of its start it is only warned about: it may be a newer checkout's.
+    young = reconciler(fresh, ws_root).run_pass()
+    assert young.plan.changes == [] and _leaders("ghost-g1-a1")
+    assert any("ghost-g1-a1 runs on local but no spec or status names ghost" in w for w in young.plan.warnings)
+    rec = reconciler(fresh, ws_root, orphan_grace=0.0)
     fence = rec.run_pass()
     assert [(c.action, c.code) for c in fence.plan.changes] == [("terminate", "Fenced")]
+    assert "no spec or status names ghost" in fence.plan.changes[0].reason
     assert not _leaders("ghost-g1-a1")
     clean = rec.run_pass()
     assert [(c.action, c.code) for c in clean.plan.changes] == [("collect", "Leftover")]
