@@ -250,6 +250,10 @@ def _build_command(p: argparse.ArgumentParser, name: str) -> None:
         p.add_argument("--check", action="store_true", help="exit 1 if schemas/ differs from the models")
         _add_command_globals(p, name)
     elif name == "plan":
+        p.add_argument("--offline", action="store_true", help="from the specs and the committed status files "
+                       "alone: no SSH, no secrets (safe for pull requests, forks included)")
+        p.add_argument("--detailed-exitcode", action="store_true", help="exit 0 without changes, 2 with changes, "
+                       "1 on invalid specs or an error")
         _add_command_globals(p, name)
     elif name == "status":
         p.add_argument("name", nargs="?", metavar="NAME", help="one run (default: all)").completer = _run_names

@@ -27,7 +27,7 @@ def run(name: str, args: argparse.Namespace) -> int:
     if name == "once":
         return cmd_once(args, dry_run=args.dry_run)
     if name == "plan":
-        return cmd_once(args, dry_run=True)
+        return cmd_plan(args)
     if name == "status":
         return cmd_status(args)
     if name == "logs":
@@ -52,6 +52,37 @@ def _require_specs(cfg: configs.Config) -> None:
 
     if not is_spec_repo(cfg.repo):
         raise UsageError(f"{cfg.repo}: no specs/ or execution_templates/ here (use --repo DIR)")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """``plan``: the dry run of a pass, or with ``--offline`` the plan on the recorded world."""
+    if not args.offline:
+        return cmd_once(args, dry_run=True)
+    from .offline import has_changes, recorded_world
+    from .plan import PlanSettings, make_plan
+    from .spec.load import load_tree
+
+    cfg = _cfg(args)
+    _require_specs(cfg)
+    now = time.time()
+    desired = load_tree(cfg.repo)
+    previous = statuses.load_all(cfg.repo / "status")
+    settings = PlanSettings(unreachable_grace=cfg.unreachable_grace, orphan_grace=cfg.orphan_grace,
+                            local_max_tasks=cfg.local_max_tasks, local_gpus=cfg.local_gpus or 0)
+    plan = make_plan(desired, recorded_world(desired, previous, now), previous, now, settings)
+    if args.json:
+        out = plan.to_json()
+        out["offline"] = True
+        out["diagnostics"] = [d.text() for d in desired.diagnostics]
+        print(json.dumps(out, indent=2, sort_keys=True))
+    else:
+        for d in desired.diagnostics:
+            print(d.text(), file=sys.stderr)
+        print("Offline plan: from the specs and the committed status files; machines not asked.")
+        print(plan.text())
+    if desired.diagnostics and args.detailed_exitcode:
+        return 1
+    return 2 if args.detailed_exitcode and has_changes(plan) else 0
 
 
 def cmd_once(args: argparse.Namespace, dry_run: bool) -> int:
@@ -104,6 +135,10 @@ def cmd_once(args: argparse.Namespace, dry_run: bool) -> int:
                 print(f"\nCommitted {len(result.committed)} status file(s) as {result.commit[:10]}{note}.")
             elif result.written:
                 print(f"\nWrote {len(result.written)} status file(s) (not committed).")
+    if dry_run and getattr(args, "detailed_exitcode", False):
+        from .offline import has_changes
+
+        return 1 if result.desired.diagnostics else (2 if has_changes(result.plan) else 0)
     return 1 if any(not o.ok for o in result.outcomes) else 0
 
 

@@ -76,8 +76,8 @@ class Reconciler:
     def settings(self) -> PlanSettings:
         if self._gpus is None:
             self._gpus = local_gpus(self.cfg)
-        return PlanSettings(unreachable_grace=self.cfg.unreachable_grace, orphan_grace=self.cfg.orphan_grace, local_max_tasks=self.cfg.local_max_tasks,
-                            local_gpus=self._gpus)
+        return PlanSettings(unreachable_grace=self.cfg.unreachable_grace, orphan_grace=self.cfg.orphan_grace,
+                            local_max_tasks=self.cfg.local_max_tasks, local_gpus=self._gpus)
 
     def run_pass(self, dry_run: bool = False, commit: bool | None = None, now: float | None = None) -> PassResult:
         t0 = time.perf_counter()
