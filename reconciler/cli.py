@@ -254,6 +254,8 @@ def _build_command(p: argparse.ArgumentParser, name: str) -> None:
                        "alone: no SSH, no secrets (safe for pull requests, forks included)")
         p.add_argument("--detailed-exitcode", action="store_true", help="exit 0 without changes, 2 with changes, "
                        "1 on invalid specs or an error")
+        p.add_argument("--github", action="store_true", help="with --offline, in a pull request's workflow: the plan "
+                       "as markdown in the job summary, and one pull request comment kept up to date")
         _add_command_globals(p, name)
     elif name == "status":
         p.add_argument("name", nargs="?", metavar="NAME", help="one run (default: all)").completer = _run_names

@@ -57,6 +57,8 @@ def _require_specs(cfg: configs.Config) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     """``plan``: the dry run of a pass, or with ``--offline`` the plan on the recorded world."""
     if not args.offline:
+        if args.github:
+            raise UsageError("--github needs --offline (a pull request's job asks no machine)")
         return cmd_once(args, dry_run=True)
     from .offline import has_changes, recorded_world
     from .plan import PlanSettings, make_plan
@@ -80,6 +82,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print(d.text(), file=sys.stderr)
         print("Offline plan: from the specs and the committed status files; machines not asked.")
         print(plan.text())
+    if args.github:
+        from .prcomment import markdown, report
+
+        for line in report(markdown(plan, offline=True, diagnostics=[d.text() for d in desired.diagnostics])):
+            print(line, file=sys.stderr)
     if desired.diagnostics and args.detailed_exitcode:
         return 1
     return 2 if args.detailed_exitcode and has_changes(plan) else 0

@@ -54,7 +54,7 @@ def uses(node: Any) -> Iterator[str]:
 
 
 def test_workflows_exist() -> None:
-    assert {p.name for p in WORKFLOWS} >= {"validate.yml", "tests.yml"}
+    assert {p.name for p in WORKFLOWS} >= {"validate.yml", "tests.yml", "plan.yml"}
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
@@ -121,6 +121,15 @@ def test_validate_workflow_runs_what_the_design_says() -> None:
     assert str(py["with"]["python-version"]) == "3.11"
 
 
+def test_plan_workflow_posts_the_offline_plan() -> None:
+    doc = read_yaml(REPO / ".github" / "workflows" / "plan.yml")
+    assert set(doc["on"]) == {"pull_request"}  # never pull_request_target: a fork's code never gets a write token
+    job = doc["jobs"]["plan"]
+    assert job["permissions"] == {"contents": "read", "pull-requests": "write"}
+    runs = [s.get("run", "") for s in job["steps"]]
+    assert any(r.startswith("reconcile plan --offline --github --detailed-exitcode") for r in runs), runs
+
+
 def test_tests_workflow_runs_ci_run() -> None:
     doc = read_yaml(REPO / ".github" / "workflows" / "tests.yml")
     assert set(doc["on"]) == {"push", "pull_request"}
@@ -139,7 +148,10 @@ def test_least_privilege(path: Path) -> None:
     for name, job in doc["jobs"].items():
         perms = job.get("permissions")
         assert isinstance(perms, dict), f"{path.name}: job {name} says which permissions it needs"
-        assert all(v in ("read", "none") for v in perms.values()), f"{path.name}: job {name} writes: {perms}"
+        # The one write any workflow holds: plan.yml's comment on the pull request.
+        allowed = {"pull-requests": "write"} if path.name == "plan.yml" else {}
+        writes = {k: v for k, v in perms.items() if v not in ("read", "none")}
+        assert writes == {k: v for k, v in allowed.items() if k in writes}, f"{path.name}: job {name} writes: {perms}"
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
