@@ -49,6 +49,7 @@ class Config(BaseModel):
     local_gpus: int | None = None  # None: count with NVML when available
     docker_host: str | None = None
     remote_cleanup: Literal["after_collect", "never"] = "after_collect"
+    ledger: bool = True  # status/README.md and status/<run>.svg, committed with the status files
     poll_interval: float = 15.0
     resync_interval: float = 30.0
     debounce: float = 0.2

@@ -63,6 +63,14 @@ def dirty_status_paths(repo: git.Repo) -> list[str]:
     return sorted(set(paths))
 
 
+def dirty_ledger_paths(repo: git.Repo) -> list[str]:
+    """The ledger's files (status/README.md, status/<run>.svg) that differ from HEAD."""
+    p = run_git(Path(repo.working_tree_dir), "status", "--porcelain", "-z", "--untracked-files=all",
+                "--no-renames", "--", f"{STATUS_DIR}/README.md", f"{STATUS_DIR}/*.svg")
+    paths = {e[3:] for e in p.stdout.split("\0") if e[3:]}
+    return sorted(x for x in paths if "/" not in x[len(STATUS_DIR) + 1:])
+
+
 @dataclass
 class StatusCommit:
     sha: str
@@ -73,10 +81,11 @@ def commit_status(repo: git.Repo, message: str | Callable[[list[str]], str], aut
     """Commit the status files that differ from HEAD; return the new commit, or None if nothing.
     ``message`` may be a function of the committed paths, so the message describes the commit."""
     paths = dirty_status_paths(repo)
-    if not paths:
+    ledger = dirty_ledger_paths(repo)
+    if not paths and not ledger:
         return None
     if callable(message):
-        message = message(paths)
+        message = message(paths) if paths else "status: ledger"
     parent = head(repo)
     fd, index_path = tempfile.mkstemp(prefix="reconciler-index-", dir=repo.git_dir)
     os.close(fd)
@@ -90,7 +99,7 @@ def commit_status(repo: git.Repo, message: str | Callable[[list[str]], str], aut
     try:
         if parent:
             g.read_tree(parent, env=env)
-        g.update_index("--add", "--remove", "--", *paths, env=env)
+        g.update_index("--add", "--remove", "--", *paths, *ledger, env=env)
         tree = g.write_tree(env=env)
         if parent and tree == repo.commit(parent).tree.hexsha:
             return None
@@ -107,7 +116,7 @@ def commit_status(repo: git.Repo, message: str | Callable[[list[str]], str], aut
         except OSError:
             pass
     # The real index now lags HEAD for these paths; align just them, leaving the user's staging alone.
-    g.reset("-q", "HEAD", "--", *paths)
+    g.reset("-q", "HEAD", "--", *paths, *ledger)
     return StatusCommit(new, paths)
 
 

@@ -18,6 +18,7 @@ from typing import Callable
 from . import gitops, status as statuses
 from .apply import CRASH_HOOK, ApplyContext, Outcome, apply
 from .config import Config
+from .ledger import Ledger
 from .observe import names_to_watch, observe
 from .observed import ObservedWorld
 from .plan import Plan, PlanSettings, make_plan
@@ -64,6 +65,7 @@ class Reconciler:
         self.cfg = cfg
         self.cache = SpecCache()
         self.status_cache = statuses.StatusCache()
+        self.ledger = Ledger()  # status/README.md and the loss curves, rows kept across passes
         # Finished runs that nothing has touched since: neither parsed, held nor planned until their
         # spec digest, their status file or the machines' view of them changes (see _settle).
         self.settled: dict[str, Settled] = {}
@@ -147,6 +149,8 @@ class Reconciler:
                 if before != new.phase or (prev and (prev.attempt, prev.generation) != (new.attempt, new.generation)):
                     ident = change.identity or ""
                     result.transitions.append(f"{change.name}: {before} → {new.phase} [{ident}] {change.reason}"[:300])
+        if cfg.ledger:
+            self.ledger.refresh(status_dir, previous, written, now)
         del previous  # the parsed statuses of settled runs can go now
         self._settle(desired, world, plan, skipped, phases, status_dir)
         waits = [c.retry_after for c in plan.changes if c.retry_after]

@@ -78,6 +78,9 @@ class RunStatus(Lenient):
     history: list[Transition] = Field(default_factory=list)
     artifacts: list[dict[str, Any]] = Field(default_factory=list)
     progress: dict[str, Any] | None = None
+    # [[step, loss], ...] of the current generation, at most CURVE_POINTS (thinned evenly when full):
+    # the ledger's sparkline and status/<run>.svg are drawn from it.
+    loss_curve: list[tuple[int, float]] = Field(default_factory=list)
     provenance: dict[str, Any] | None = None
     observed_at: str | None = None
 
@@ -104,7 +107,31 @@ def parse_iso(text: str | None) -> float | None:
 # ---------------------------------------------------------------- files
 
 _ORDER = ["apiVersion", "kind", "name", "phase", "generation", "attempt", "message", "exit_code", "retry_at",
-          "spec", "handle", "conditions", "progress", "artifacts", "provenance", "history", "observed_at"]
+          "spec", "handle", "conditions", "progress", "loss_curve", "artifacts", "provenance", "history",
+          "observed_at"]
+CURVE_POINTS = 120
+
+
+class _Flow(list):
+    """A list written on one line ([1, 2.5]): the loss curve's points, one per line."""
+
+
+def extend_curve(curve: list, progress: dict[str, Any] | None) -> list:
+    """The curve with the progress's (step, loss) added. A step at or before the last one (a run
+    that restarted from scratch, or from an earlier checkpoint) first drops the points it replaces;
+    a full curve keeps its first and last points and every other one between, so it stays bounded
+    and still spans the whole run."""
+    if not progress:
+        return curve
+    step, loss = progress.get("step"), progress.get("loss")
+    if isinstance(step, bool) or not isinstance(step, int) or isinstance(loss, bool) or not isinstance(loss, (int, float)):
+        return curve
+    if curve and curve[-1][0] == step and curve[-1][1] == round(float(loss), 6):
+        return curve
+    out = [tuple(p) for p in curve if p[0] < step] + [(step, round(float(loss), 6))]
+    if len(out) > CURVE_POINTS:
+        out = [out[0]] + out[1:-1][1::2] + [out[-1]]
+    return out
 
 
 def _yaml() -> YAML:
@@ -115,6 +142,9 @@ def _yaml() -> YAML:
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
+_Dumper.add_representer(_Flow, lambda d, v: d.represent_sequence("tag:yaml.org,2002:seq", v, flow_style=True))
+
+
 def dump(status: RunStatus) -> str:
     """The file text: fixed key order, no empty fields. libyaml emits it (about 10x faster than a
     pure-Python emitter, which matters when a first pass writes thousands of files)."""
@@ -123,6 +153,8 @@ def dump(status: RunStatus) -> str:
     for key in _ORDER[2:]:
         if key in data and data[key] not in ([], {}, ""):
             ordered[key] = data[key]
+    if "loss_curve" in ordered:
+        ordered["loss_curve"] = [_Flow(p) for p in ordered["loss_curve"]]
     return ("# Written by the reconciler. Do not edit: it is rewritten on every change.\n"
             + yaml.dump(ordered, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=4096,
                         allow_unicode=True))
@@ -401,6 +433,7 @@ def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_com
             st.provenance = outcome.manifest["provenance"]
     if obs is not None and obs.progress:
         st.progress = obs.progress
+        st.loss_curve = extend_curve(st.loss_curve, obs.progress)
     return st
 
 
@@ -429,6 +462,7 @@ def _refresh(prev: RunStatus, change, obs, now: float) -> RunStatus:
     st = prev.model_copy(deep=True)
     if progress is not None:
         st.progress = progress
+        st.loss_curve = extend_curve(st.loss_curve, progress)
     if stalled:
         set_condition(st, "Stalled", "True", "NoProgress", stalled, now)
     elif stall_moves:

@@ -303,7 +303,7 @@ def test_commit_after_no_commit_keeps_its_transitions_and_counts_match(tmp_path,
     assert "No changes." in second.stdout
     commit = git.Repo(repo_dir).head.commit
     files = git.Repo(repo_dir).git.show("--name-only", "--format=", commit.hexsha).split()
-    assert files == ["status/a.yaml", "status/b.yaml"]
+    assert files == ["status/README.md", "status/a.yaml", "status/b.yaml"]  # the ledger rides along
     assert f"Committed 2 status file(s) as {commit.hexsha[:10]}, 2 of them written by an earlier pass." in second.stdout
     assert "a: - → Running [a-g1-a1] new run" in commit.message
     assert "b: - → Running [b-g1-a1] new run" in commit.message
@@ -414,7 +414,7 @@ def test_invalid_names_write_nothing_outside_status(tmp_path, ws_root, name):
     assert "specs/runs/évil.yaml:" in out.stderr
     assert (repo_dir / "specs/runs/ok.yaml").read_bytes() == before
     assert not Path("/tmp/evil-status.yaml").exists()
-    assert sorted(p.name for p in (repo_dir / "status").iterdir()) == ["ok.yaml"]
+    assert sorted(p.name for p in (repo_dir / "status").iterdir()) == ["README.md", "ok.yaml"]  # and the ledger
     assert _git(repo_dir, "status", "--porcelain") == ""  # everything written was committed
 
 

@@ -200,7 +200,7 @@ def test_commit_touches_status_only_and_keeps_user_edits(tmp_path, ws_root):
     result = reconciler(repo_dir, ws_root).run_pass()
     assert result.commit is not None
     files = repo.git.show("--name-only", "--format=", result.commit).split()
-    assert files == ["status/a.yaml"]
+    assert files == ["status/README.md", "status/a.yaml"]  # the status file and the ledger
     porcelain = repo.git.status("--porcelain")
     assert "A  notes.txt" in porcelain and " M specs/runs/a.yaml" in porcelain
     assert "status/" not in porcelain

@@ -1,0 +1,195 @@
+"""The ledger: ``status/README.md`` and ``status/<run>.svg``, written with the status files.
+
+The repository is the product's user interface, and GitHub renders a folder's README.md under its
+file list: so the runs' table lives there, regenerated in the same commit as the status files it
+summarises. One row per run (phase, progress, a text sparkline of its loss, machine, when its
+phase last changed, message), grouped by phase, newest first. Nothing in it depends on the time
+it is written (times are absolute, never "3 minutes ago"), so a pass that changes no status
+leaves it byte-identical and makes no commit.
+
+A run that reports training progress also gets ``status/<run>.svg``, its loss curve drawn from the
+status's ``loss_curve`` (bounded to ``status.CURVE_POINTS`` points, so the file stays a few KB).
+While the run trains it is rewritten at most every ``SVG_INTERVAL`` seconds, to keep commits few;
+once the run has ended it is written one last time.
+
+Rows are kept between passes, so a pass re-renders only the runs it wrote: the thousands of
+settled runs a long-lived reconciler never re-reads keep their rows.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .status import TERMINAL, RunStatus
+
+README = "README.md"
+SVG_INTERVAL = 300.0
+SPARK = "▁▂▃▄▅▆▇█"
+SPARK_POINTS = 16
+# Groups in the order a reader wants them: what needs attention first.
+PHASE_ORDER = ("Running", "Starting", "Provisioning", "Pending", "Unknown", "Failed", "Invalid", "Succeeded",
+               "Terminated")
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    phase: str
+    since: str  # when the phase last changed (ISO), for ordering and display
+    generation: int
+    attempt: int
+    progress: str
+    spark: str
+    loss: str
+    machine: str
+    message: str
+    svg: bool
+
+
+def row(st: RunStatus) -> Row:
+    since = st.history[-1].time if st.history else (st.observed_at or "")
+    p = st.progress or {}
+    step, total = p.get("step"), p.get("max_steps")
+    progress = f"{step}/{total}" if step is not None and total else (str(step) if step is not None else "")
+    losses = [pt[1] for pt in st.loss_curve]
+    loss = p.get("loss") if isinstance(p.get("loss"), (int, float)) else (losses[-1] if losses else None)
+    return Row(name=st.name, phase=st.phase, since=since, generation=st.generation, attempt=st.attempt,
+               progress=progress, spark=sparkline(losses), loss=f"{loss:.4g}" if loss is not None else "",
+               machine=(st.handle.machine if st.handle and st.handle.machine else ""),
+               message=st.message or "", svg=len(st.loss_curve) >= 2)
+
+
+def sparkline(values: list[float], width: int = SPARK_POINTS) -> str:
+    if len(values) < 2:
+        return ""
+    if len(values) > width:  # evenly spaced picks, the last value always among them
+        values = [values[round(i * (len(values) - 1) / (width - 1))] for i in range(width)]
+    lo, hi = min(values), max(values)
+    span = hi - lo or 1.0
+    return "".join(SPARK[min(len(SPARK) - 1, int((v - lo) / span * (len(SPARK) - 1) + 0.5))] for v in values)
+
+
+def _cell(text: str, limit: int = 100) -> str:
+    text = " ".join(str(text).split())
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return html.escape(text, quote=False).replace("|", "\\|")
+
+
+def render(rows: dict[str, Row]) -> str:
+    counts: dict[str, int] = {}
+    for r in rows.values():
+        counts[r.phase] = counts.get(r.phase, 0) + 1
+    order = {p: i for i, p in enumerate(PHASE_ORDER)}
+    phases = sorted(counts, key=lambda p: (order.get(p, len(order)), p))
+    out = ["# Runs", "",
+           "Written by the reconciler with each status commit; do not edit. One file per run beside this one.", ""]
+    if not rows:
+        return "\n".join(out + ["No runs yet.", ""])
+    out += [" · ".join(f"**{counts[p]}** {p}" for p in phases), ""]
+    for phase in phases:
+        group = sorted((r for r in rows.values() if r.phase == phase), key=lambda r: (r.since, r.name), reverse=True)
+        out += [f"## {phase} ({len(group)})", "",
+                "| run | gen/att | progress | loss | machine | since | message |",
+                "|---|---|---|---|---|---|---|"]
+        for r in group:
+            name = f"[{r.name}]({r.name}.yaml)"
+            loss = f"{r.spark} {r.loss}".strip()
+            if r.svg:
+                loss = f"[{loss}]({r.name}.svg)"
+            out.append(f"| {name} | {r.generation}/{r.attempt} | {_cell(r.progress)} | {loss} | {_cell(r.machine)} "
+                       f"| {r.since.replace('T', ' ').replace('Z', '')} | {_cell(r.message)} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def svg(name: str, curve: list, width: int = 480, height: int = 160) -> str:
+    """The loss curve as a standalone SVG (no script, no external reference)."""
+    pad = 36
+    steps = [p[0] for p in curve]
+    losses = [p[1] for p in curve]
+    s0, s1 = min(steps), max(steps)
+    l0, l1 = min(losses), max(losses)
+    sx = (width - 2 * pad) / ((s1 - s0) or 1)
+    sy = (height - 2 * pad) / ((l1 - l0) or 1)
+    pts = " ".join(f"{pad + (s - s0) * sx:.1f},{height - pad - (v - l0) * sy:.1f}" for s, v in zip(steps, losses))
+    title = html.escape(f"{name}: loss by step", quote=True)
+    return "\n".join([
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="{title}">',
+        f"<title>{title}</title>",
+        f'<rect width="{width}" height="{height}" fill="#ffffff"/>',
+        f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" stroke="#888"/>',
+        f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{height - pad}" stroke="#888"/>',
+        f'<polyline fill="none" stroke="#0969da" stroke-width="2" points="{pts}"/>',
+        f'<text x="{pad}" y="{pad - 10}" font-family="sans-serif" font-size="12">{html.escape(name)}: loss</text>',
+        f'<text x="4" y="{pad + 4}" font-family="sans-serif" font-size="10">{l1:.4g}</text>',
+        f'<text x="4" y="{height - pad}" font-family="sans-serif" font-size="10">{l0:.4g}</text>',
+        f'<text x="{pad}" y="{height - pad + 16}" font-family="sans-serif" font-size="10">step {s0}</text>',
+        f'<text x="{width - pad}" y="{height - pad + 16}" font-family="sans-serif" font-size="10" '
+        f'text-anchor="end">step {s1}</text>',
+        "</svg>", ""])
+
+
+def _write_if_changed(path: Path, text: str) -> bool:
+    try:
+        if path.read_text(encoding="utf-8") == text:
+            return False
+    except OSError:
+        pass
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return True
+
+
+class Ledger:
+    """The rows of every run with a status file, kept across passes."""
+
+    def __init__(self, svg_interval: float = SVG_INTERVAL):
+        self.rows: dict[str, Row] = {}
+        self.svg_interval = svg_interval
+        self._first = True
+
+    def refresh(self, status_dir: Path, loaded: dict[str, RunStatus], written: dict[str, RunStatus],
+                now: float) -> list[str]:
+        """Update rows (runs first seen in ``loaded``, and every run ``written`` this pass), drop
+        runs whose status file is gone, and write the README and due SVGs. Returns what was written."""
+        before = len(self.rows)
+        for name, st in loaded.items():
+            if name not in self.rows:
+                self.rows[name] = row(st)
+        changed = len(self.rows) != before or self._first
+        for name, st in written.items():
+            new = row(st)
+            changed = changed or self.rows.get(name) != new
+            self.rows[name] = new
+        try:
+            present = {e.name[:-5] for e in os.scandir(status_dir) if e.name.endswith(".yaml")}
+        except FileNotFoundError:
+            present = set()
+        for name in set(self.rows) - present:
+            del self.rows[name]
+            changed = True
+        out = []
+        # Rendered only when a row moved (or once per process, to mend a file edited by hand):
+        # a pass over thousands of unchanged runs does not rebuild the table.
+        if changed and (self.rows or (status_dir / README).exists()):
+            self._first = False
+            status_dir.mkdir(parents=True, exist_ok=True)
+            if _write_if_changed(status_dir / README, render(self.rows)):
+                out.append(README)
+        for name, st in written.items():
+            if len(st.loss_curve) < 2:
+                continue
+            path = status_dir / f"{name}.svg"
+            try:  # the file's own time: the throttle holds across processes (--once from cron)
+                due = st.phase in TERMINAL or now - path.stat().st_mtime >= self.svg_interval
+            except FileNotFoundError:
+                due = True
+            if due and _write_if_changed(path, svg(name, st.loss_curve)):
+                out.append(path.name)
+        return out
