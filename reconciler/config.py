@@ -54,6 +54,7 @@ class Config(BaseModel):
     resync_interval: float = 30.0
     debounce: float = 0.2
     listen: str | None = None  # HOST:PORT for /healthz, /metrics and /hooks/git
+    dashboard_listen: str | None = None  # HOST:PORT for the read-only live page (off when unset)
     webhook_secret: str | None = None
     log_format: Literal["text", "json"] = "text"
     push_retries: int = 5

@@ -262,6 +262,7 @@ class Daemon:
         self._stop_watch = threading.Event()
         self.remote: gitops.Remote | None = None
         self.server = None
+        self.dashboard = None  # the read-only live page (dashboard_listen), when configured
         self.in_pass = False
         self.pending_rebase_pass = False
         self._failing: tuple[str, ...] | None = None  # what failed at the last look (None: still starting)
@@ -541,6 +542,20 @@ class Daemon:
         host, port = self.server.server_address[:2]
         event(logging.INFO, "listening", address=f"{host}:{port}", webhook=bool(self.cfg.webhook_secret))
 
+    def _start_dashboard(self) -> None:
+        if not self.cfg.dashboard_listen:
+            return
+        from . import dashboard, httpd
+
+        try:
+            self.dashboard = dashboard.make_server(self.cfg.dashboard_listen,
+                                                   dashboard.Views(self.cfg.repo, self.cfg.state_dir))
+        except (OSError, ValueError) as e:
+            raise UsageError(f"cannot listen on {self.cfg.dashboard_listen}: {e}") from None
+        httpd.serve_in_thread(self.dashboard)
+        host, port = self.dashboard.server_address[:2]
+        event(logging.INFO, "dashboard listening", address=f"{host}:{port}")
+
     def _watch(self) -> None:
         from watchfiles import watch
 
@@ -595,6 +610,7 @@ class Daemon:
                 old[s] = signal.signal(s, self._on_signal)
             self._setup_remote()
             self._start_http()
+            self._start_dashboard()
             watcher = threading.Thread(target=self._watch, name="reconciler-watch", daemon=True)
             watcher.start()
             event(logging.INFO, "daemon started", repo=str(self.cfg.repo), pid=os.getpid(),
@@ -609,9 +625,10 @@ class Daemon:
         finally:
             watchdog.stop()
             self._stop_watch.set()
-            if self.server is not None:
-                self.server.shutdown()
-                self.server.server_close()
+            for server in (self.server, self.dashboard):
+                if server is not None:
+                    server.shutdown()
+                    server.server_close()
             for s, h in old.items():
                 signal.signal(s, h)
             lock.release()
