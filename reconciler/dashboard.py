@@ -102,7 +102,8 @@ class Views:
         facts = [("phase", st.phase), ("generation / attempt", f"{st.generation} / {st.attempt}"),
                  ("message", st.message), ("exit code", st.exit_code), ("machine", h.machine if h else None),
                  ("identity", h.identity if h else None), ("GPUs", ",".join(map(str, h.gpus)) if h else None),
-                 ("spec", f"{st.spec.path or ''} {st.spec.digest or ''}".strip()), ("spec commit", st.spec.commit)]
+                 ("spec", f"{st.spec.path or ''} {st.spec.digest or ''}".strip()), ("spec commit", st.spec.commit),
+                 ("price per hour", (st.cost or {}).get("price_per_hour")), ("cost so far", (st.cost or {}).get("so_far"))]
         body = ["<table id=facts>"] + [f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in facts
                                        if v not in (None, "")] + ["</table>"]
         if len(st.loss_curve) >= 2:

@@ -47,6 +47,8 @@ class Row:
     machine: str
     message: str
     svg: bool
+    price: str = ""  # per hour, for rented machines (status.cost)
+    cost: str = ""  # so far
 
 
 def row(st: RunStatus) -> Row:
@@ -59,7 +61,12 @@ def row(st: RunStatus) -> Row:
     return Row(name=st.name, phase=st.phase, since=since, generation=st.generation, attempt=st.attempt,
                progress=progress, spark=sparkline(losses), loss=f"{loss:.4g}" if loss is not None else "",
                machine=(st.handle.machine if st.handle and st.handle.machine else ""),
-               message=st.message or "", svg=len(st.loss_curve) >= 2)
+               message=st.message or "", svg=len(st.loss_curve) >= 2,
+               price=_money((st.cost or {}).get("price_per_hour"), "/h"), cost=_money((st.cost or {}).get("so_far")))
+
+
+def _money(value, unit: str = "") -> str:
+    return f"{value:.2f}{unit}" if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
 
 
 def sparkline(values: list[float], width: int = SPARK_POINTS) -> str:
@@ -90,18 +97,20 @@ def render(rows: dict[str, Row]) -> str:
     if not rows:
         return "\n".join(out + ["No runs yet.", ""])
     out += [" · ".join(f"**{counts[p]}** {p}" for p in phases), ""]
+    money = any(r.price or r.cost for r in rows.values())  # columns only where some run rents
     for phase in phases:
         group = sorted((r for r in rows.values() if r.phase == phase), key=lambda r: (r.since, r.name), reverse=True)
         out += [f"## {phase} ({len(group)})", "",
-                "| run | gen/att | progress | loss | machine | since | message |",
-                "|---|---|---|---|---|---|---|"]
+                "| run | gen/att | progress | loss | machine | " + ("price | cost | " if money else "")
+                + "since | message |", "|---|---|---|---|---|" + ("---|---|" if money else "") + "---|---|"]
         for r in group:
             name = f"[{r.name}]({r.name}.yaml)"
             loss = f"{r.spark} {r.loss}".strip()
             if r.svg:
                 loss = f"[{loss}]({r.name}.svg)"
+            priced = f"| {r.price} | {r.cost} " if money else ""
             out.append(f"| {name} | {r.generation}/{r.attempt} | {_cell(r.progress)} | {loss} | {_cell(r.machine)} "
-                       f"| {r.since.replace('T', ' ').replace('Z', '')} | {_cell(r.message)} |")
+                       f"{priced}| {r.since.replace('T', ' ').replace('Z', '')} | {_cell(r.message)} |")
         out.append("")
     return "\n".join(out)
 

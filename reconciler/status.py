@@ -71,6 +71,9 @@ class RunStatus(Lenient):
     attempt: int = 0
     spec: SpecRef = Field(default_factory=SpecRef)
     handle: Handle | None = None
+    # What the run's machine costs, for rented machines: {price_per_hour, so_far} (currency of the
+    # provider's prices). Shown by the ledger and the live page when present.
+    cost: dict[str, Any] | None = None
     exit_code: int | None = None
     message: str = ""
     retry_at: str | None = None
@@ -107,7 +110,7 @@ def parse_iso(text: str | None) -> float | None:
 # ---------------------------------------------------------------- files
 
 _ORDER = ["apiVersion", "kind", "name", "phase", "generation", "attempt", "message", "exit_code", "retry_at",
-          "spec", "handle", "conditions", "progress", "loss_curve", "artifacts", "provenance", "history",
+          "spec", "handle", "cost", "conditions", "progress", "loss_curve", "artifacts", "provenance", "history",
           "observed_at"]
 CURVE_POINTS = 120
 

@@ -81,3 +81,13 @@ def test_ledger_can_be_turned_off(tmp_path, ws_root):
     repo_dir = make_repo(tmp_path / "repo", {"a": run_spec("a", ["true"])})
     reconciler(repo_dir, ws_root, ledger=False).run_pass()
     assert sorted(p.name for p in (repo_dir / "status").iterdir()) == ["a.yaml"]
+
+
+def test_price_and_cost_columns_appear_only_when_a_run_rents():
+    plain = {"a": ledger.row(status("a", "Running", "2026-01-01T00:00:00Z"))}
+    assert "price" not in ledger.render(plain)
+    rented = dict(plain, b=ledger.row(status("b", "Running", "2026-01-02T00:00:00Z",
+                                             cost={"price_per_hour": 2.4, "so_far": 1.375})))
+    text = ledger.render(rented)
+    assert "| machine | price | cost | since |" in text and "| 2.40/h | 1.38 |" in text
+    assert "| [a](a.yaml) | 1/1 |  |  |  |  |  |" in text  # the run that does not rent: empty cells
