@@ -63,14 +63,14 @@ class Views:
         self.bundles = state_dir / "bundles"
         self.cache = statuses.StatusCache()
 
-    def _all(self) -> dict[str, statuses.RunStatus]:
+    def load(self) -> dict[str, statuses.RunStatus]:
         return statuses.load_all(self.status_dir, self.cache)
 
     def runs(self, query: dict[str, list[str]]) -> bytes:
         want_phase = (query.get("phase") or [""])[0]
         want_name = (query.get("q") or [""])[0].strip().lower()
         want_machine = (query.get("machine") or [""])[0]
-        every = self._all()
+        every = self.load()
         rows = []
         for name, st in sorted(every.items(), key=lambda kv: _since(kv[1]), reverse=True):
             machine = st.handle.machine if st.handle and st.handle.machine else ""
@@ -95,7 +95,7 @@ class Views:
         return page(f"Runs ({len(rows)} of {len(every)})", form + table)
 
     def run(self, name: str) -> bytes | None:
-        st = self._all().get(name)
+        st = self.load().get(name)
         if st is None:
             return None
         h = st.handle
@@ -147,7 +147,7 @@ class Views:
 
     def machines(self) -> bytes:
         by: dict[str, dict] = {}
-        for st in self._all().values():
+        for st in self.load().values():
             if st.handle is None or not st.handle.machine:
                 continue
             m = by.setdefault(st.handle.machine, {"live": 0, "runs": 0, "reach": ""})
@@ -221,7 +221,7 @@ def make_server(listen: str, views: Views) -> ThreadingHTTPServer:
             m = _RUN.match(u.path)
             if m and is_dns_label(m.group(1)):
                 if m.group(2):
-                    st = views._all().get(m.group(1))
+                    st = views.load().get(m.group(1))
                     if st is not None:
                         return self._send(200, views.tail(st).encode(), "text/plain; charset=utf-8")
                 else:

@@ -143,6 +143,14 @@ def svg(name: str, curve: list, width: int = 480, height: int = 160) -> str:
         "</svg>", ""])
 
 
+def _key(path: Path) -> tuple | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def _write_if_changed(path: Path, text: str) -> bool:
     try:
         if path.read_text(encoding="utf-8") == text:
@@ -161,21 +169,21 @@ class Ledger:
     def __init__(self, svg_interval: float = SVG_INTERVAL):
         self.rows: dict[str, Row] = {}
         self.svg_interval = svg_interval
-        self._first = True
+        self._key: tuple | None = None  # the README as last written (inode, size, mtime)
 
     def refresh(self, status_dir: Path, loaded: dict[str, RunStatus], written: dict[str, RunStatus],
                 now: float) -> list[str]:
         """Update rows (runs first seen in ``loaded``, and every run ``written`` this pass), drop
         runs whose status file is gone, and write the README and due SVGs. Returns what was written."""
-        before = len(self.rows)
-        for name, st in loaded.items():
-            if name not in self.rows:
-                self.rows[name] = row(st)
-        changed = len(self.rows) != before or self._first
-        for name, st in written.items():
-            new = row(st)
-            changed = changed or self.rows.get(name) != new
-            self.rows[name] = new
+        changed = False
+        # Loaded: the runs this pass read (the settled ones it did not are kept as they were);
+        # a status file rewritten from outside (the daemon's reset to its remote) is read again.
+        for source in (loaded, written):
+            for name, st in source.items():
+                new = row(st)
+                if self.rows.get(name) != new:
+                    self.rows[name] = new
+                    changed = True
         try:
             present = {e.name[:-5] for e in os.scandir(status_dir) if e.name.endswith(".yaml")}
         except FileNotFoundError:
@@ -184,13 +192,14 @@ class Ledger:
             del self.rows[name]
             changed = True
         out = []
-        # Rendered only when a row moved (or once per process, to mend a file edited by hand):
-        # a pass over thousands of unchanged runs does not rebuild the table.
-        if changed and (self.rows or (status_dir / README).exists()):
-            self._first = False
+        # Rendered only when a row moved, or when the file is not the one last written (removed,
+        # reset to the remote's, edited by hand): a pass over unchanged runs rebuilds nothing.
+        readme = status_dir / README
+        if (changed or _key(readme) != self._key) and (self.rows or readme.exists()):
             status_dir.mkdir(parents=True, exist_ok=True)
-            if _write_if_changed(status_dir / README, render(self.rows)):
+            if _write_if_changed(readme, render(self.rows)):
                 out.append(README)
+            self._key = _key(readme)
         for name, st in written.items():
             if len(st.loss_curve) < 2:
                 continue

@@ -12,10 +12,9 @@ taken as unreachable since then. The planner, unchanged, does the rest; plain va
 from __future__ import annotations
 
 from .observed import ObservedMachine, ObservedRun, ObservedWorld
+from .plan import LOCAL
 from .spec.load import DesiredState
 from .status import TERMINAL, RunStatus, parse_iso
-
-LOCAL = "local"
 
 
 def recorded_world(desired: DesiredState, previous: dict[str, RunStatus], now: float) -> ObservedWorld:

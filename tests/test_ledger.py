@@ -91,3 +91,21 @@ def test_price_and_cost_columns_appear_only_when_a_run_rents():
     text = ledger.render(rented)
     assert "| machine | price | cost | since |" in text and "| 2.40/h | 1.38 |" in text
     assert "| [a](a.yaml) | 1/1 |  |  |  |  |  |" in text  # the run that does not rent: empty cells
+
+
+def test_a_removed_or_edited_readme_is_written_again(tmp_path, ws_root):
+    repo_dir = make_repo(tmp_path / "repo", {"a": run_spec("a", ["true"])})
+    rec = reconciler(repo_dir, ws_root)
+    deadline = time.monotonic() + 20
+    while rec.run_pass().commit is not None or status_of(repo_dir, "a").phase != "Succeeded":
+        assert time.monotonic() < deadline, "a did not settle"
+        time.sleep(0.1)
+    readme = repo_dir / "status" / "README.md"
+    want = readme.read_text()
+    assert "## Succeeded (1)" in want
+    readme.unlink()  # what a reset of status/ to a remote without it does
+    rec.run_pass()
+    assert readme.read_text() == want
+    readme.write_text("edited by hand\n")
+    rec.run_pass()
+    assert readme.read_text() == want
