@@ -172,23 +172,34 @@ def _types_in(annotation: Any) -> list[Any]:
 
 
 class SpecCache:
-    """Parsed files by (path, content hash): unchanged files are never parsed twice in a process."""
+    """Parsed files by path, each with the content hash it was parsed from: an unchanged file is
+    never parsed twice in a process.
 
-    def __init__(self, limit: int = 50_000) -> None:
-        self._items: dict[tuple[str, str], SpecFile] = {}
-        self.limit = limit
+    One entry per path, replaced when its content changes and dropped when the file leaves the
+    tree (``retain``), so the cache holds what the tree holds and no more: no count limit, and no
+    moment where it empties itself and a pass re-parses everything."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, SpecFile] = {}
         self.hits = 0
 
+    def __len__(self) -> int:
+        return len(self._items)
+
     def get(self, rel: str, sha: str) -> SpecFile | None:
-        f = self._items.get((rel, sha))
-        if f is not None:
+        f = self._items.get(rel)
+        if f is not None and f.sha == sha:
             self.hits += 1
-        return f
+            return f
+        return None
 
     def put(self, f: SpecFile) -> None:
-        if len(self._items) >= self.limit:
-            self._items.clear()
-        self._items[(f.rel, f.sha)] = f
+        self._items[f.rel] = f
+
+    def retain(self, rels: set[str]) -> None:
+        """Forget every path not in ``rels`` (the files of the tree just loaded)."""
+        for rel in [r for r in self._items if r not in rels]:
+            del self._items[rel]
 
 
 def load_file(path: Path, root: Path | None, locator: Locator, cache: SpecCache | None = None,
@@ -317,6 +328,8 @@ def load_tree(root: Path, cache: SpecCache | None = None, only: set[Path] | None
     locator = Locator()
     prefix = len(str(root)) + 1
     files = [load_file(p, root, locator, cache, expect, str(p)[prefix:]) for p, expect in discover(root)]
+    if cache is not None and only is None:
+        cache.retain({f.rel for f in files})
     if only is not None:  # an empty set means "report on no file", not "on every file"
         known = {f.path.resolve() for f in files}
         for p in sorted(only):

@@ -109,6 +109,19 @@ def test_cache_parses_unchanged_files_once(repo: Path) -> None:
     assert d.runs["a"].run.spec.desiredState == "Stopped"
 
 
+def test_cache_holds_one_entry_per_file_of_the_tree(repo: Path) -> None:
+    cache = SpecCache()
+    load_tree(repo, cache=cache)
+    files = len(cache)
+    for i in range(3):  # the same file changed again and again: replaced, never piled up
+        write(repo, "specs/runs/a.yaml", run_text("a") + f"  # edit {i}\n")
+        load_tree(repo, cache=cache)
+    assert len(cache) == files
+    (repo / "specs/runs/a.yaml").unlink()  # a file that leaves the tree leaves the cache
+    load_tree(repo, cache=cache)
+    assert len(cache) == files - 1
+
+
 def test_valid_files_never_reach_the_located_path(repo: Path) -> None:
     locator = Locator()
     f = load_file(repo / "specs/runs/a.yaml", repo, locator)
