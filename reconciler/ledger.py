@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .status import TERMINAL, RunStatus
+from .status import TERMINAL, RunStatus, replace_if_changed
 
 README = "README.md"
 SVG_INTERVAL = 300.0
@@ -151,18 +151,6 @@ def _key(path: Path) -> tuple | None:
     return st.st_ino, st.st_size, st.st_mtime_ns
 
 
-def _write_if_changed(path: Path, text: str) -> bool:
-    try:
-        if path.read_text(encoding="utf-8") == text:
-            return False
-    except OSError:
-        pass
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return True
-
-
 class Ledger:
     """The rows of every run with a status file, kept across passes."""
 
@@ -197,7 +185,7 @@ class Ledger:
         readme = status_dir / README
         if (changed or _key(readme) != self._key) and (self.rows or readme.exists()):
             status_dir.mkdir(parents=True, exist_ok=True)
-            if _write_if_changed(readme, render(self.rows)):
+            if replace_if_changed(readme, render(self.rows)):
                 out.append(README)
             self._key = _key(readme)
         for name, st in written.items():
@@ -208,6 +196,6 @@ class Ledger:
                 due = st.phase in TERMINAL or now - path.stat().st_mtime >= self.svg_interval
             except FileNotFoundError:
                 due = True
-            if due and _write_if_changed(path, svg(name, st.loss_curve)):
+            if due and replace_if_changed(path, svg(name, st.loss_curve)):
                 out.append(path.name)
         return out

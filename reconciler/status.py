@@ -302,7 +302,12 @@ def write_if_changed(status_dir: Path, status: RunStatus) -> bool:
     """Atomically write a status file; return whether its bytes changed."""
     path = status_path(status_dir, status.name)
     status_dir.mkdir(parents=True, exist_ok=True)
-    text = dump(status)
+    return replace_if_changed(path, dump(status))
+
+
+def replace_if_changed(path: Path, text: str) -> bool:
+    """Write ``text`` to ``path`` unless it already holds exactly that; atomic (a temporary file
+    renamed into place), so a reader never sees half a file. Returns whether it wrote."""
     try:
         if path.read_text(encoding="utf-8") == text:
             return False
