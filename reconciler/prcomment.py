@@ -131,8 +131,11 @@ def report(body: str, env: dict[str, str] | None = None) -> list[str]:
     if not token:
         done.append("comment: skipped, no GITHUB_TOKEN")
         return done
+    number = pr.get("number")
+    if isinstance(number, bool) or not isinstance(number, int):
+        raise ReconcilerError(f"{env.get('GITHUB_EVENT_PATH')}: the pull request event has no number")
     gh = GitHub(env.get("GITHUB_API_URL", "https://api.github.com"), env.get("GITHUB_REPOSITORY") or base, token)
-    what, cid = gh.upsert_comment(int(pr["number"]), body)
+    what, cid = gh.upsert_comment(number, body)
     done.append(f"comment: {what} ({cid}) on #{pr['number']}")
     return done
 

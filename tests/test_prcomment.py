@@ -158,3 +158,16 @@ def test_hostile_names_and_reasons_cannot_break_the_table(tmp_path):
     body = markdown(plan)
     row = [line for line in body.splitlines() if line.startswith("| `.`")][0]
     assert row.count(" | ") == 4 and "<script>" not in body and "\\|" in row
+
+
+def test_a_malformed_event_is_a_one_line_error(tmp_path):
+    from reconciler.errors import ReconcilerError
+    from reconciler.prcomment import report
+
+    bad = tmp_path / "event.json"
+    bad.write_text('{"pull_request": {"head": {"repo": {"full_name": "o/r"}}, "base": {"repo": {"full_name": "o/r"}}}}')
+    with pytest.raises(ReconcilerError, match="has no number"):
+        report("body", {"GITHUB_EVENT_PATH": str(bad), "GITHUB_TOKEN": "t"})
+    bad.write_text("{not json")
+    with pytest.raises(ReconcilerError, match="cannot read the GitHub event"):
+        report("body", {"GITHUB_EVENT_PATH": str(bad)})
