@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,9 @@ class Outcome:
     manifest: dict | None = None
     killed: list[str] = field(default_factory=list)
     side: bool = False  # a fence or a leftover's collection: not the run's own change, not its status
+    rental: dict | None = None  # provision: the rental asked for; launch on a rental: its pinned host key
+    rental_step: str | None = None  # where a launch on a rental stopped: "ssh" or "gpus"
+    gpus_seen: str | None = None  # what the GPU check found on the rental
 
 
 @dataclass
@@ -56,6 +60,10 @@ class ApplyContext:
     secret_source: Callable[[str], str | None] = os.environ.get
     machine_python: Callable[[str], str | None] = lambda machine: None
     spec_commits: dict[str, str] = field(default_factory=dict)  # spec file → its spec commit (the loop finds them)
+    providers: object = None  # rentals.Providers: the adapters for provision and release
+    rental_key: Callable[[str], str | None] = lambda machine: None  # a rental's pinned (or first-seen) host key
+    ssh_ready_timeout: float = 20.0
+    checkpoint_copy_mbps: float | None = None  # bandwidth of checkpoint copies off rentals (None: unbounded)
 
     def local_dir(self, machine: str, identity: str, workspace: str) -> Path:
         """Where an attempt's bundle lives on this host: its workspace itself when it runs here."""
@@ -85,6 +93,8 @@ def apply(plan: Plan, ctx: ApplyContext) -> list[Outcome]:
 
 def _one(c: Change, ctx: ApplyContext) -> Outcome:
     out = Outcome(c.name, c.action, machine=c.machine, side=c.phase is None)
+    if c.action in ("provision", "release"):
+        return _rental_change(c, ctx, out)
     try:
         for k in c.kill:
             t = ctx.transport_for(k.machine)
@@ -105,6 +115,11 @@ def _one(c: Change, ctx: ApplyContext) -> Outcome:
             _launch(c, ctx, out)
         elif c.action == "collect" and c.machine:
             _collect(c, ctx, out)
+        elif c.action == "save":
+            from . import checkpoints
+
+            checkpoints.save(ctx.transport_for(c.machine), c.identity, c.checkpoint, ctx.repo / ".reconciler",
+                             c.name, c.generation, ctx.checkpoint_copy_mbps)
     except PermanentError as e:
         out.ok, out.error, out.permanent = False, str(e), True
     except ReconcilerError as e:
@@ -130,15 +145,28 @@ def _launch(c: Change, ctx: ApplyContext, out: Outcome) -> None:
     template = ctx.desired.templates[entry.run.spec.template]
     eff = effective(entry.run, template)
     t = ctx.transport_for(c.machine)
+    if c.rental is not None:
+        _rental_ready(c, ctx, t, out)
     local_dir = ctx.local_dir(c.machine, c.identity, t.workspace(c.identity))
     python = eff.python or ctx.machine_python(c.machine)
     resume = _resume_path(t, c) if c.resume_from and entry.run.spec.task.type != "command" else None
+    saved = None
+    if resume is None and c.resume_from and entry.run.spec.task.type != "command":
+        # Not on this machine (a new rental): the copy taken off the old one, staged with the bundle.
+        from . import checkpoints
+
+        p = parse(c.resume_from)
+        saved = checkpoints.latest(ctx.repo / ".reconciler", p.name, p.generation) if p else None
+        if saved is not None:  # inputs/.reconciler/: a path no repository input can take
+            resume = f"{t.workspace(c.identity)}/inputs/.reconciler/resume/{saved.name}"
     req = bundles.BundleRequest(
         repo_root=ctx.repo, identity=c.identity, run=entry.run, spec_digest=entry.digest, repo_head=ctx.repo_head,
         template=template, effective=eff, machine=c.machine, gpus=c.gpus, python=python, resume_from=resume,
         spec_commit=ctx.spec_commits.get(entry.rel),
     )
     b = bundles.build(req, local_dir)
+    if saved is not None:
+        shutil.copytree(saved, Path(b.path) / "inputs" / ".reconciler" / "resume" / saved.name, dirs_exist_ok=True)
     ws = t.stage(b.path, c.identity, entry.digest)
     if os.environ.get(CRASH_HOOK) == "stage":
         os._exit(137)  # test hook: die like kill -9 between staging and starting
@@ -147,6 +175,56 @@ def _launch(c: Change, ctx: ApplyContext, out: Outcome) -> None:
                       spec_digest=entry.digest)
     out.launched = launchers.launch(t, spec)
     out.workspace = ws
+
+
+def _rental_change(c: Change, ctx: ApplyContext, out: Outcome) -> Outcome:
+    """Ask a provider for a machine, or give one back. A failure is never the run's end: the run
+    waits (Pending, Provisioned False) and the next pass tries again."""
+    try:
+        if c.collect_first is not None:
+            f = c.collect_first
+            try:
+                _collect_into(ctx, f.machine, f.identity, f.workspace, final=False)
+            except ReconcilerError:
+                pass  # the lost machine's logs matter less than the new machine
+        adapter = ctx.providers.get(c.rental["provider"])
+        if c.action == "provision":
+            offer = next(o for o in adapter.provider.spec.offers if o.id == c.rental["offer"])
+            r = adapter.provision(c.rental["name"], offer)
+            out.rental = {"provider": c.rental["provider"], "id": r.id, "name": r.name, "offer": offer.id,
+                          "price_per_hour": r.price_per_hour if r.price_per_hour is not None else offer.price_per_hour}
+        else:
+            adapter.terminate(c.rental["id"])
+            out.rental = dict(c.rental)
+    except ReconcilerError as e:
+        out.ok, out.error = False, str(e)
+    except Exception as e:  # noqa: BLE001 - one run's failure never stops the pass
+        out.ok, out.error = False, f"{type(e).__name__}: {e}"
+    return out
+
+
+def _rental_ready(c: Change, ctx: ApplyContext, t, out: Outcome) -> None:
+    """A rental is used only once SSH answers (under the pinned host key) and its GPUs are what
+    the offer promised; a machine that is not is given back and its offer set aside for a while."""
+    from .rentals import GpuMismatch, verify_gpus, wait_for_ssh
+
+    out.rental_step = "ssh"
+    wait_for_ssh(t, ctx.ssh_ready_timeout)
+    out.rental = dict(c.rental, host_key=ctx.rental_key(c.machine))
+    out.rental.pop("verify", None)
+    want = c.rental.get("verify")
+    if want:
+        out.rental_step = "gpus"
+        try:
+            out.gpus_seen = verify_gpus(t, want)
+        except GpuMismatch as e:
+            try:
+                ctx.providers.get(c.rental["provider"]).terminate(c.rental["id"])
+            finally:
+                ctx.providers.mark_bad(c.rental["provider"], c.rental.get("offer"))
+            raise GpuMismatch(f"GPU check failed on {c.machine}: {e}; gave it back, offer "
+                              f"{c.rental.get('offer')} set aside") from None
+    out.rental_step = None
 
 
 def _resume_path(t, c: Change) -> str | None:

@@ -35,13 +35,15 @@ COMMANDS = {
     "status": "the runs' status, as a table or JSON",
     "logs": "a run's stdout and stderr, wherever it runs",
     "provenance": "what a run was made of, or --diff what differs from another run",
+    "rentals": "this repository's rented machines: provider, run, state, price, cost; --reap gives back orphans "
+               "and idle ones",
     "config": "the effective configuration as JSON, secrets redacted",
     "completion": "print the shell completion script: bash, zsh or fish",
     "agent": "on an in-house machine: hold its tunnel to the reconciler's host, drain or resume it; "
              "authorize prints what that host must allow",
 }
 SUBCOMMANDS = tuple(COMMANDS)
-LOOP = ("plan", "status", "logs", "provenance", "config")  # the commands that read the loop's configuration
+LOOP = ("plan", "status", "logs", "provenance", "config", "rentals")  # the commands that read the loop's configuration
 SHELLS = ("bash", "zsh", "fish")
 
 # Where each global option applies: command names, "once" (--once) and "daemon" (no command, no --once).
@@ -276,6 +278,12 @@ def _build_command(p: argparse.ArgumentParser, name: str) -> None:
         name_arg.completer = _run_names
         p.add_argument("--diff", metavar="OTHER", help="compare with another run or identity (exit 1 if they differ)")
         _add_command_globals(p, name, json="--diff as JSON (the manifest is JSON either way)")
+    elif name == "rentals":
+        p.add_argument("--reap", action="store_true", help="give back what a pass would: orphans past their grace, "
+                       "idle rentals past idle, failed ones")
+        p.add_argument("--dry-run", dest="reap_dry_run", action="store_true",
+                       help="with --reap: print what would be given back, change nothing")
+        _add_command_globals(p, name)
     elif name == "config":
         _add_command_globals(p, name, json="the same JSON document (the output is JSON either way)")
     elif name == "completion":

@@ -32,6 +32,8 @@ def run(name: str, args: argparse.Namespace) -> int:
         return cmd_status(args)
     if name == "logs":
         return cmd_logs(args)
+    if name == "rentals":
+        return cmd_rentals(args)
     if name == "config":
         cfg = _cfg(args)
         print(json.dumps(cfg.redacted(), indent=2, sort_keys=True))  # JSON with or without --json
@@ -210,6 +212,84 @@ def cmd_machines(args: argparse.Namespace) -> int:
     for t in table:
         print("  ".join(t[i].ljust(widths[i]) for i in range(4)) + "  " + t[4])
     return 0
+
+
+def rental_rows(cfg: configs.Config, now: float | None = None):
+    """Every rental named as this repository's, with what a pass would do about it: the dry-run
+    plan's release changes are the reaper's list (one rule for the daemon and this command)."""
+    from .loop import Reconciler
+
+    rec = Reconciler(cfg)
+    result = rec.run_pass(dry_run=True, now=now)
+    now = result.plan.at
+    releases = {c.machine: c for c in result.plan.changes if c.action == "release"}
+    previous = statuses.load_all(cfg.repo / "status")
+    runs: dict[str, tuple[str, float]] = {}
+    for name, st in previous.items():
+        if st.handle is None:
+            continue
+        m = st.handle.machine or (f"{st.handle.rental['provider']}/{st.handle.rental['id']}"
+                                  if st.handle.rental and st.handle.rental.get("id") else None)
+        if m in result.world.rentals:
+            runs.setdefault(m, (name, statuses.cost_so_far(st, now)))
+    rows = []
+    for m, r in sorted(result.world.rentals.items()):
+        run, cost = runs.get(m, ("", 0.0))
+        age = now - r.created_at if r.created_at else None
+        c = releases.get(m)
+        rows.append({"machine": m, "provider": r.provider, "id": r.id, "name": r.name, "run": run or None,
+                     "state": r.state, "offer": r.offer, "age_seconds": round(age, 1) if age is not None else None,
+                     "price_per_hour": r.price_per_hour,
+                     "rental_cost": round((r.price_per_hour or 0.0) * age / 3600.0, 4) if age is not None else None,
+                     "run_cost": round(cost, 4), "orphan": c is not None and c.code == "Orphan",
+                     "release": {"code": c.code, "reason": c.reason} if c is not None else None})
+    return rows, result, rec
+
+
+def cmd_rentals(args: argparse.Namespace) -> int:
+    cfg = _cfg(args)
+    _require_specs(cfg)
+    rows, result, rec = rental_rows(cfg)
+    errors = result.world.provider_errors
+    reaped: list[dict] = []
+    failed = False
+    if args.reap and not args.reap_dry_run:
+        for row in rows:
+            if row["release"] is None:
+                continue
+            try:
+                rec.providers.get(row["provider"]).terminate(row["id"])
+                reaped.append({"machine": row["machine"], **row["release"]})
+            except Exception as e:  # noqa: BLE001 - report and go on with the others
+                failed = True
+                print(f"reconcile: {row['machine']}: {e}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"rentals": rows, "provider_errors": errors, "reaped": reaped}, indent=2, sort_keys=True))
+        return 1 if failed else 0
+    if not rows:
+        print("No rentals." + ("" if not errors else ""))
+    else:
+        table = [("MACHINE", "RUN", "STATE", "OFFER", "AGE", "PRICE/H", "COST", "ORPHAN")]
+        for r in rows:
+            age = _age(statuses.iso(result.plan.at - r["age_seconds"]), result.plan.at) if r["age_seconds"] is not None else "-"
+            table.append((r["machine"], r["run"] or "-", r["state"], r["offer"] or "-", age,
+                          f"{r['price_per_hour']:g}" if r["price_per_hour"] is not None else "-",
+                          f"{r['rental_cost']:.2f}" if r["rental_cost"] is not None else "-",
+                          "yes" if r["orphan"] else "no"))
+        widths = [max(len(t[i]) for t in table) for i in range(len(table[0]))]
+        for t in table:
+            print("  ".join(t[i].ljust(widths[i]) for i in range(len(t))).rstrip())
+    for name, why in sorted(errors.items()):
+        print(f"provider {name}: inventory unavailable: {why}", file=sys.stderr)
+    if args.reap:
+        todo = [r for r in rows if r["release"] is not None]
+        verb = "would give back" if args.reap_dry_run else "gave back"
+        if not todo:
+            print("Nothing to reap.")
+        for r in todo:
+            if args.reap_dry_run or any(x["machine"] == r["machine"] for x in reaped):
+                print(f"{verb} {r['machine']}: {r['release']['code']}: {r['release']['reason']}")
+    return 1 if failed else 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -43,6 +43,11 @@ class Config(BaseModel):
     terminate_grace: float = 10.0
     ssh_connect_timeout: float = 5.0
     ssh_command_timeout: float = 60.0
+    # A fresh rental's sshd may start after its provider says it runs: how long a launch waits for
+    # it before leaving the run for the next pass.
+    ssh_ready_timeout: float = 20.0
+    # Checkpoints copied off rentals while runs train: at most this many MB/s (None: no limit).
+    checkpoint_copy_mbps: float | None = Field(100.0, gt=0)
     parallel_machines: int = 16
     parallel_changes: int = 8
     local_max_tasks: int | None = None

@@ -22,6 +22,7 @@ from .ledger import Ledger
 from .observe import names_to_watch, observe
 from .observed import ObservedWorld
 from .plan import Plan, PlanSettings, make_plan
+from .rentals import Providers
 from .spec.load import DesiredState, SpecCache, load_tree
 from .transports import TransportPool
 
@@ -74,6 +75,8 @@ class Reconciler:
         self._gpus: int | None = None
         # Where a run's secrets are looked up at launch (the reconciler host's environment).
         self.secret_source: Callable[[str], str | None] = os.environ.get
+        self.providers = Providers(cfg.repo, cfg.state_dir, lambda name: self.secret_source(name))
+        self.rental_calls = 0  # provider API calls of the last pass (benchmarks read it)
 
     def settings(self) -> PlanSettings:
         if self._gpus is None:
@@ -93,9 +96,17 @@ class Reconciler:
         previous = statuses.load_all(status_dir, self.status_cache, skip=candidates, skipped=skipped)
         pool = TransportPool(cfg, desired)
         try:
+            calls0 = self.providers.calls()
+            rentals, provider_errors = self._observe_rentals(desired)
+            pool.add_rentals(rentals, provider_errors, self.providers, previous)
             machines = pool.machines(previous)
             world = observe(machines, pool.get, names_to_watch(desired, previous, frozenset(skipped)), previous,
                             now, cfg.parallel_machines)
+            world.rentals, world.provider_errors = rentals, provider_errors
+            if rentals:
+                from . import checkpoints
+
+                world.saved_checkpoints = checkpoints.saved(cfg.state_dir)
             for name in [n for n in skipped if world.instances(n)]:  # something of it is out there again
                 skipped.discard(name)
                 st = statuses.load_one(status_dir, name)
@@ -103,7 +114,12 @@ class Reconciler:
                     previous[name] = st
             missing = {name: [s for s in e.run.spec.secrets if self.secret_source(s) is None]
                        for name, e in desired.runs.items() if e.run.spec.secrets}
-            plan = make_plan(desired, world, previous, now, self.settings(), settled=frozenset(skipped),
+            settings = self.settings()
+            if desired.providers or rentals:
+                settings.namespace = cfg.repo_namespace
+                settings.bad_offers = dict(self.providers.bad_offers)
+                settings.spend = self._spend(previous, now)
+            plan = make_plan(desired, world, previous, now, settings, settled=frozenset(skipped),
                              missing_secrets={n: m for n, m in missing.items() if m})
             result = PassResult(desired, world, plan)
             if dry_run:
@@ -116,13 +132,16 @@ class Reconciler:
                                spec_commits=spec_commits,
                                terminate_grace=cfg.terminate_grace, remote_cleanup=cfg.remote_cleanup,
                                parallel=cfg.parallel_changes, machine_python=pool.python_for,
-                               secret_source=self.secret_source)
+                               secret_source=self.secret_source, providers=self.providers,
+                               rental_key=pool.rental_key, ssh_ready_timeout=cfg.ssh_ready_timeout,
+                               checkpoint_copy_mbps=cfg.checkpoint_copy_mbps)
             result.outcomes = apply(plan, ctx)
             if os.environ.get(CRASH_HOOK) == "apply":
                 # Test hook: die like kill -9 between launching and writing or committing status.
                 os._exit(137)
         finally:
             pool.close()
+            self.rental_calls = self.providers.calls() - calls0
         by_name = {o.name: o for o in result.outcomes if not o.side}
         phases = {n: st.phase for n, st in previous.items()}
         written: dict[str, statuses.RunStatus] = {}
@@ -151,8 +170,14 @@ class Reconciler:
                     result.transitions.append(f"{change.name}: {before} → {new.phase} [{ident}] {change.reason}"[:300])
         if cfg.ledger:
             self.ledger.refresh(status_dir, previous, written, now)
+        # A run whose last machine is a rental still up keeps its status loaded: it dates the
+        # rental's idle time (and so when it is given back).
+        on_rentals = {n: st for n, st in previous.items()
+                      if st.handle is not None and st.handle.machine in world.rentals}
+        costs = {n: ((st.cost or {}).get("provider"), statuses.cost_so_far(st, now))
+                 for n, st in {**previous, **written}.items() if st.cost}
         del previous  # the parsed statuses of settled runs can go now
-        self._settle(desired, world, plan, skipped, phases, status_dir)
+        self._settle(desired, world, plan, skipped, phases, status_dir, on_rentals, costs)
         waits = [c.retry_after for c in plan.changes if c.retry_after]
         result.retry_after = min(waits) if waits else None
         do_commit = cfg.commit if commit is None else commit
@@ -185,8 +210,33 @@ class Reconciler:
             return {}
         return gitops.last_commits(self.cfg.repo, paths)
 
+    def _observe_rentals(self, desired: DesiredState):
+        errors: dict[str, str] = {}
+        try:
+            self.providers.sync(desired)
+        except Exception as e:  # noqa: BLE001 - an adapter that cannot be made: its runs wait
+            for name in desired.providers:
+                errors[name] = str(e)
+            return {}, errors
+        rentals, found = self.providers.observe(self.cfg.repo_namespace, self.cfg.parallel_machines)
+        errors.update(found)
+        return rentals, errors
+
+    def _spend(self, previous: dict, now: float) -> dict[str, float]:
+        """What each provider's rentals cost the runs so far: loaded statuses, and the settled
+        runs' costs remembered when they settled."""
+        spend: dict[str, float] = {}
+        for name, st in previous.items():
+            if st.cost and st.cost.get("provider"):
+                spend[st.cost["provider"]] = spend.get(st.cost["provider"], 0.0) + statuses.cost_so_far(st, now)
+        for name, s in self.settled.items():
+            if name not in previous and s.provider:
+                spend[s.provider] = spend.get(s.provider, 0.0) + s.cost
+        return spend
+
     def _settle(self, desired: DesiredState, world: ObservedWorld, plan: Plan, skipped: set[str],
-                phases: dict[str, str], status_dir: Path) -> None:
+                phases: dict[str, str], status_dir: Path, on_rentals: dict | None = None,
+                costs: dict | None = None) -> None:
         """Remember which runs are finished and untouched, and let go of their parsed status.
 
         A run settles when this pass planned nothing for it, its phase is final and nothing of it is
@@ -198,11 +248,13 @@ class Reconciler:
         settled = {n: self.settled[n] for n in skipped}
         for c in plan.changes:
             if (c.action != "none" or c.phase not in statuses.TERMINAL or c.name in desired.invalid
-                    or any(r.alive or not r.collected for r in world.instances(c.name))):
+                    or any(r.alive or not r.collected for r in world.instances(c.name))
+                    or c.name in (on_rentals or {})):
                 continue
             key = statuses.file_key(status_dir / f"{c.name}.yaml")
             if key is not None:
-                settled[c.name] = Settled(_digest(desired, c.name), key, c.phase)
+                provider, cost = (costs or {}).get(c.name, (None, 0.0))
+                settled[c.name] = Settled(_digest(desired, c.name), key, c.phase, provider, cost)
                 self.status_cache.forget(c.name)
         self.settled = settled
         counts: Counter[str] = Counter(s.phase for s in settled.values())
@@ -215,6 +267,8 @@ class Settled:
     digest: str | None  # the run's spec digest when it settled (None: no spec any more)
     key: tuple[int, int, int]  # its status file's inode, size and mtime
     phase: str
+    provider: str | None = None  # where its rentals were, for the provider's budget
+    cost: float = 0.0  # what they cost (its status's cost.so_far)
 
 
 def _transition_since_head(repo, path: str, old_text: str | None,

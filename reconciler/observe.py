@@ -76,6 +76,7 @@ def observe(machines: list[str], transport_for: Callable[[str], object], names: 
                 workspace=r.get("workspace"), gpus=list(r.get("gpus") or []), collected=bool(r.get("collected")),
                 message=r.get("message", ""), progress=r.get("progress"), permanent=bool(r.get("permanent")),
                 spec_digest=r.get("spec_digest"),
+                checkpoints=[c for c in r.get("checkpoints") or [] if isinstance(c, str)],
             )
         return m
 

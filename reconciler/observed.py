@@ -36,6 +36,7 @@ class ObservedRun:
     progress: dict[str, Any] | None = None
     permanent: bool = False  # the run itself says retrying cannot help (e.g. its precheck refused it)
     spec_digest: str | None = None  # the spec the workspace was built for (its job.json); None: unreadable
+    checkpoints: list[str] = field(default_factory=list)  # complete ones, workspace-relative, oldest first
 
     def built_for(self, digest: str) -> bool:
         """Whether this instance runs the spec with ``digest``: the one condition for adopting it."""
@@ -59,9 +60,35 @@ class ObservedMachine:
 
 
 @dataclass
+class ObservedRental:
+    """A machine rented from a provider under one of this repository's rental names."""
+
+    machine: str  # "<provider>/<rental id>": the machine name runs and statuses use
+    provider: str
+    id: str
+    name: str
+    state: str  # provisioning, running, failed, terminating, terminated
+    identity: str  # the run identity it was provisioned for (from its name)
+    n: int = 1  # which of that identity's rentals it is
+    host: str | None = None
+    port: int | None = None
+    user: str | None = None
+    price_per_hour: float | None = None
+    created_at: float | None = None
+    offer: str | None = None
+    message: str = ""
+    workspace_root: str | None = None
+    host_key: str | None = None
+
+
+@dataclass
 class ObservedWorld:
     machines: dict[str, ObservedMachine] = field(default_factory=dict)
     at: float = 0.0
+    rentals: dict[str, ObservedRental] = field(default_factory=dict)  # machine name → this repository's rentals
+    provider_errors: dict[str, str] = field(default_factory=dict)  # provider → why its inventory is unknown
+    # Checkpoints already copied to the reconciler host: (run name, generation) → checkpoint names.
+    saved_checkpoints: dict[tuple[str, int], set[str]] = field(default_factory=dict)
     _by_name: dict[str, list[ObservedRun]] | None = field(default=None, repr=False, compare=False)
     _by_identity: dict[str, ObservedRun] | None = field(default=None, repr=False, compare=False)
 

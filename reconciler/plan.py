@@ -39,7 +39,7 @@ from .spec.resolve import effective
 from .status import TERMINAL, RunStatus, iso, parse_iso
 
 SYMBOL = {"launch": "+", "relaunch": "~", "terminate": "-", "collect": ">", "mark_invalid": "!", "wait": ".",
-          "adopt": "=", "none": " "}
+          "adopt": "=", "none": " ", "provision": "^", "release": "x", "save": "s"}
 LOCAL = "local"
 
 
@@ -75,10 +75,15 @@ class Change:
     remove: bool = False  # collect: remove the workspace afterwards, on this machine too (a leftover)
     ran: bool = True  # collect of a leftover: False for a bundle never started (no logs to keep)
     stalled: str | None = None  # set when spec.stall is configured and the run made no progress (the why)
+    # Rental placement: {provider, id, name, offer, price_per_hour} of the machine asked for, waited
+    # for, launched on or released; a launch adds ``verify`` (the offer's GPUs, checked first).
+    rental: dict | None = None
+    checkpoint: str | None = None  # save: the workspace-relative checkpoint folder to copy off the machine
 
     @property
     def mutates(self) -> bool:
-        return self.action in ("launch", "relaunch", "terminate", "collect") or bool(self.kill)
+        return self.action in ("launch", "relaunch", "terminate", "collect", "provision", "release",
+                               "save") or bool(self.kill)
 
 
 @dataclass
@@ -109,14 +114,18 @@ class Plan:
         lines = [f"Reconcile plan: {len(shown)} change(s)", ""]
         for c in shown:
             where = c.identity or ""
-            if c.machine and c.action in ("launch", "relaunch", "adopt", "collect"):
+            if c.machine and c.action in ("launch", "relaunch", "adopt", "collect", "save"):
                 where += f" on {c.machine}"
             notes = [where] if where else []
             if c.kill:
                 notes.append("(stop " + ", ".join(k.identity for k in c.kill) + ")")
             if c.collect_first:
                 notes.append(f"(collect {c.collect_first.identity})")
-            if c.retry_after is not None:
+            if c.rental and c.action == "provision":
+                notes.append(f"renting {c.rental['provider']}/{c.rental['offer']} at {c.rental['price_per_hour']:g}/h")
+            elif c.rental and c.action == "release":
+                notes.append(f"give back {c.machine}")
+            if c.retry_after is not None and c.action != "provision":
                 notes.append(f"(retry in {c.retry_after:.0f}s)")
             where = " ".join(notes)
             lines.append(f"  {SYMBOL[c.action]} {c.action:<12} {c.name:<{width}}  {where}")
@@ -132,6 +141,9 @@ class PlanSettings:
     orphan_grace: float = 300.0  # a live instance of a run nobody knows is stopped after running this long
     local_max_tasks: int | None = None
     local_gpus: int = 0
+    namespace: str = "repo"  # this repository's id: the prefix of its rentals' names
+    bad_offers: dict = field(default_factory=dict)  # (provider, offer) → until when it is not rented
+    spend: dict = field(default_factory=dict)  # provider → what the runs' rentals there cost so far
 
 
 # ---------------------------------------------------------------- capacity
@@ -225,8 +237,11 @@ def make_plan(desired: DesiredState, world: ObservedWorld, previous: dict[str, R
     reconciler host does not have (the caller looks; the planner stays pure)."""
     settings = settings or PlanSettings()
     missing_secrets = missing_secrets or {}
+    from .rental_plan import RentalBook, sweep
+
     plan = Plan(at=now)
     slots = _slots(desired, world, settings)
+    book = RentalBook(desired, world, previous, now, settings.namespace, settings.bad_offers, settings.spend)
     names = sorted((set(desired.runs) | set(desired.invalid) | set(previous)) - settled)
     # An invalid spec protects everything its run has on the machines: nothing is fenced, collected
     # or cleaned until the spec is fixed (or removed).
@@ -242,7 +257,7 @@ def make_plan(desired: DesiredState, world: ObservedWorld, previous: dict[str, R
             plan.changes.append(_stop(name, entry, prev, world))
             continue
         plan.changes.extend(_running(name, entry, prev, world, desired, slots, settings, now,
-                                     missing_secrets.get(name, [])))
+                                     missing_secrets.get(name, []), book))
     by_run = {c.name: c for c in plan.changes if c.phase is not None} if missing_secrets else {}
     for name, secrets in sorted(missing_secrets.items()):
         entry, change = desired.runs.get(name), by_run.get(name)
@@ -256,7 +271,29 @@ def make_plan(desired: DesiredState, world: ObservedWorld, previous: dict[str, R
     plan.changes.extend(_fences(world, invalid, covered, known, now, settings.orphan_grace, plan.warnings))
     # Fences add only live instances, which _leftovers passes over anyway: the same set serves both.
     plan.changes.extend(_leftovers(plan, world, invalid, known, covered))
+    if world.rentals:
+        plan.changes.extend(sweep(book, plan, plan.warnings))
+        plan.changes.extend(_saves(plan, world))
     return plan
+
+
+def _saves(plan: Plan, world: ObservedWorld) -> list[Change]:
+    """A run training on a rental gets its newest complete checkpoint copied off the machine,
+    once: the machine may vanish, the copy is what a relaunch elsewhere resumes from."""
+    out = []
+    for c in list(plan.changes):
+        if c.phase != "Running" or c.action not in ("none", "adopt") or not c.identity:
+            continue
+        obs = world.find(c.identity)
+        if obs is None or not obs.alive or obs.machine not in world.rentals or not obs.checkpoints:
+            continue
+        newest = obs.checkpoints[-1]
+        if newest.rsplit("/", 1)[-1] in world.saved_checkpoints.get((c.name, c.generation), set()):
+            continue
+        out.append(Change(c.name, "save", "CheckpointCopy", f"copying {newest} of {c.identity} off {obs.machine}",
+                          None, c.generation, c.attempt, identity=c.identity, machine=obs.machine,
+                          workspace=obs.workspace, checkpoint=newest))
+    return out
 
 
 def _invalid(name: str, message: str, prev: RunStatus | None, world: ObservedWorld) -> Change:
@@ -340,8 +377,8 @@ def _on_unreachable(world: ObservedWorld, prev: RunStatus | None) -> str | None:
 
 
 def _running(name: str, entry: RunEntry, prev: RunStatus | None, world: ObservedWorld, desired: DesiredState,
-             slots: dict[str, Slot], settings: PlanSettings, now: float, missing: list[str]) -> list[Change]:
-    changes = _running_changes(name, entry, prev, world, desired, slots, settings, now, missing)
+             slots: dict[str, Slot], settings: PlanSettings, now: float, missing: list[str], book) -> list[Change]:
+    changes = _running_changes(name, entry, prev, world, desired, slots, settings, now, missing, book)
     for c in changes:
         if c.action == "collect" and c.phase in ("Succeeded", "Failed"):
             # The run is over: the workspaces its earlier attempts left on remote machines can go
@@ -380,7 +417,7 @@ def generation_for(entry: RunEntry, prev: RunStatus | None, instances: list[Obse
 
 def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: ObservedWorld,
                      desired: DesiredState, slots: dict[str, Slot], settings: PlanSettings,
-                     now: float, missing: list[str]) -> list[Change]:
+                     now: float, missing: list[str], book=None) -> list[Change]:
     run = entry.run
     policy = run.spec.restartPolicy
     instances = world.instances(name)
@@ -397,22 +434,35 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
     base = dict(generation=gen, attempt=attempt, spec_digest=entry.digest, spec_path=entry.rel)
     changed = prev is not None and prev.generation > 0 and not same_spec
 
-    def launch(next_attempt: int, code: str, why: str, resume_from: str | None = None) -> Change:
+    def launch(next_attempt: int, code: str, why: str, resume_from: str | None = None) -> list[Change]:
+        """The changes of a launch: the run's own change last (a rental placement may put the
+        release of a rental that timed out before it)."""
         if missing:
             # Staging nothing and spending no attempt: the launch happens on the first pass after
             # the secret is set. Stale instances are still stopped: they run a spec not wanted.
-            return Change(name, "wait", "SecretMissing",
-                          f"secret(s) {', '.join(missing)} not set on the reconciler host; "
-                          f"{make(name, gen, next_attempt)} launches once they are",
-                          "Pending", identity=make(name, gen, next_attempt), kill=stale,
-                          retry_after=30.0, **base)
-        return _place(name, entry, desired, slots, make(name, gen, next_attempt), code, why, stale,
-                      dict(base, attempt=next_attempt), resume_from)
+            return [Change(name, "wait", "SecretMissing",
+                           f"secret(s) {', '.join(missing)} not set on the reconciler host; "
+                           f"{make(name, gen, next_attempt)} launches once they are",
+                           "Pending", identity=make(name, gen, next_attempt), kill=stale,
+                           retry_after=30.0, **base)]
+        if resume_from is None and next_attempt > 1 and getattr(run.spec.task, "resume", "never") == "auto":
+            # A relaunch finished on a later pass (its rental was being provisioned, or it was
+            # staged by a pass that died) resumes like the pass that decided it would have.
+            resume_from = make(name, gen, next_attempt - 1)
+        template = desired.templates[entry.run.spec.template]
+        if template.placement.kind == "rental" and book is not None:
+            from .rental_plan import place_rental
+
+            action = "relaunch" if (stale or code in ("Relaunch", "SpecChanged", "GenerationTaken")) else "launch"
+            return place_rental(book, name, entry, effective(entry.run, template), prev, make(name, gen, next_attempt),
+                                action, code, why, stale, dict(base, attempt=next_attempt), resume_from)
+        return [_place(name, entry, desired, slots, make(name, gen, next_attempt), code, why, stale,
+                       dict(base, attempt=next_attempt), resume_from)]
 
     handle_ident = prev.handle.identity if prev and prev.handle else None
     if obs is not None and obs.state == "staged":
         # Staged by an earlier pass that could not start it (or died first): finish launching it.
-        return [launch(attempt, "Launch", f"{ident} was staged but never started; starting it")]
+        return launch(attempt, "Launch", f"{ident} was staged but never started; starting it")
     if obs is not None and obs.state == "unknown":
         return [Change(name, "wait", "ObserveFailed", f"{obs.machine} cannot tell whether {ident} runs: "
                        f"{obs.message or 'no answer'}", prev.phase if prev else "Unknown", identity=ident,
@@ -434,20 +484,20 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
         if same_spec and prev is not None and prev.phase in TERMINAL and prev.attempt == attempt:
             return [Change(name, "none", "Done", f"{prev.phase.lower()}; nothing to do", prev.phase,
                            exit_code=prev.exit_code, identity=ident, **base)]
-        if handle_ident == ident and prev is not None and prev.phase not in ("Pending",):
+        if handle_ident == ident and prev is not None and prev.phase not in ("Pending", "Provisioning"):
             return _after_failure(name, entry, prev, ident, None, "lost: the workspace is gone from its machine",
                                   now, launch, base, policy)
         if changed and prev.spec.digest == entry.digest:
-            return [launch(1, "GenerationTaken", f"generation {prev.generation} is used on a machine by another "
-                                                 f"spec's instance; this spec runs as generation {gen}")]
+            return launch(1, "GenerationTaken", f"generation {prev.generation} is used on a machine by another "
+                                                f"spec's instance; this spec runs as generation {gen}")
         if changed:
-            return [launch(1, "SpecChanged", f"spec changed ({_short(prev.spec.digest)} → {_short(entry.digest)}): "
-                                             f"generation {prev.generation} → {gen}")]
+            return launch(1, "SpecChanged", f"spec changed ({_short(prev.spec.digest)} → {_short(entry.digest)}): "
+                                            f"generation {prev.generation} → {gen}")
         why = "new run" if prev is None else "not running yet"
         taken = [r.identity for r in instances if r.spec_digest != entry.digest]
         if taken:
             why += f"; {', '.join(taken)} on the machines ran another spec, so this one runs as generation {gen}"
-        return [launch(attempt, "NewRun" if prev is None or prev.generation == 0 else "Launch", why)]
+        return launch(attempt, "NewRun" if prev is None or prev.generation == 0 else "Launch", why)
 
     if obs.state == "running":
         if prev is not None and prev.phase == "Invalid" and handle_ident == ident:
@@ -536,11 +586,13 @@ def _after_failure(name, entry, prev, ident, obs, why, now, launch, base, policy
                 c.action, c.machine, c.workspace = "collect", obs.machine, obs.workspace
             return [c]
         resume = ident if getattr(entry.run.spec.task, "resume", "never") == "auto" else None
-        c = launch(attempt + 1, "Relaunch", f"{why}; retry {retries_used + 1}/{policy.maxRetries}",
-                   resume_from=resume)
-        if obs is not None and not obs.collected and c.action == "relaunch":
-            c.collect_first = Kill(obs.machine, obs.identity, obs.workspace)  # its logs and manifest
-        return [c]
+        changes = launch(attempt + 1, "Relaunch", f"{why}; retry {retries_used + 1}/{policy.maxRetries}",
+                         resume_from=resume)
+        c = changes[-1]
+        if obs is not None and not obs.collected and c.action in ("relaunch", "provision"):
+            # Its logs and manifest (a relaunch on a new rental asks for the machine first).
+            c.collect_first = Kill(obs.machine, obs.identity, obs.workspace)
+        return changes
     phase = "Failed"
     if obs is not None and not obs.collected:
         return [Change(name, "collect", "Failed", f"{why}; {no_retry}", phase, identity=ident,

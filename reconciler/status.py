@@ -46,6 +46,9 @@ class Handle(Lenient):
     container: str | None = None
     gpus: list[int] = Field(default_factory=list)
     launched_at: str | None = None
+    # A rented machine: {provider, id, name, offer, price_per_hour, host_key}. The host key is
+    # pinned here on first contact, so a later connection to another key is refused.
+    rental: dict[str, Any] | None = None
 
 
 class Condition(Lenient):
@@ -432,6 +435,7 @@ def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_com
         if st.handle is not None and obs is not None and obs.pid and st.handle.identity == obs.identity:
             st.handle.pid = st.handle.pid or obs.pid
         _conditions(st, change, now)
+    _rental_status(st, change, outcome, now)
     if outcome is not None and outcome.ok and outcome.manifest is not None:
         arts = outcome.manifest.get("artifacts", [])
         st.artifacts = [{"path": a["path"], "size": a["size"]} for a in arts[:30]]
@@ -443,6 +447,80 @@ def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_com
         st.progress = obs.progress
         st.loss_curve = extend_curve(st.loss_curve, obs.progress)
     return st
+
+
+RENTAL_WAITS = ("BudgetReached", "RentalLimit", "CostLimit", "ProviderUnavailable", "NoOffer", "NoProvider")
+
+
+def _rental_status(st: RunStatus, change, outcome, now: float) -> None:
+    """A rental's steps as conditions (Provisioned, SshReady, GpuVerified), its record in the
+    handle, and what the run's machines cost. Cost is counted from the launch on a rental until
+    the run leaves it (ends, or moves to another machine): ``since`` marks an open stretch, and
+    ``so_far`` holds the closed ones, so a running run's status stays byte-identical."""
+    rental = (outcome.rental if outcome is not None and outcome.rental else None) or change.rental
+    ok = outcome is None or outcome.ok
+    if change.action == "provision" and rental:
+        if ok:
+            st.handle = Handle(identity=change.identity, rental={k: rental.get(k) for k in
+                                                                 ("provider", "id", "name", "offer", "price_per_hour")})
+            set_condition(st, "Provisioned", "False", "Provisioning", f"asked {rental['provider']} for "
+                          f"{rental['offer']} ({rental['name']})", now)
+        else:
+            set_condition(st, "Provisioned", "False", "ProvisionFailed", outcome.error, now)
+    elif change.action == "wait" and change.code == "Provisioning" and rental:
+        if st.handle is None or st.handle.rental is None or st.handle.rental.get("id") != rental.get("id"):
+            st.handle = Handle(identity=change.identity, rental={k: rental.get(k) for k in
+                                                                 ("provider", "id", "name", "offer", "price_per_hour")})
+        set_condition(st, "Provisioned", "False", "Provisioning", change.reason, now)
+    elif change.action == "wait" and change.code in RENTAL_WAITS:
+        set_condition(st, "Provisioned", "False", change.code, change.reason, now)
+    elif change.action in ("launch", "relaunch") and rental:
+        set_condition(st, "Provisioned", "True", "Running", f"{change.machine} ({rental.get('offer')})", now)
+        step = outcome.rental_step if outcome is not None else None
+        if ok or step == "gpus":
+            set_condition(st, "SshReady", "True", "Connected", f"host key {_key_note(rental.get('host_key'))}", now)
+        elif step == "ssh":
+            set_condition(st, "SshReady", "False", "NotAnswering", outcome.error, now)
+        if step == "gpus":
+            set_condition(st, "GpuVerified", "False", "GpuMismatch", outcome.error, now)
+        elif ok and outcome is not None:
+            seen = outcome.gpus_seen
+            set_condition(st, "GpuVerified", "True", "Verified" if seen else "NoGpu", seen or "the offer has no GPU", now)
+        if ok and st.handle is not None and st.handle.machine == change.machine:
+            st.handle.rental = {k: rental.get(k) for k in ("provider", "id", "name", "offer", "price_per_hour",
+                                                           "host_key")}
+            _close_cost(st, now)
+            st.cost = dict(st.cost or {}, provider=rental.get("provider"), machine=change.machine,
+                           price_per_hour=rental.get("price_per_hour"), since=iso(now))
+            st.cost.setdefault("so_far", 0.0)
+    if st.cost and st.cost.get("since") and (
+            st.phase in TERMINAL or st.phase == "Pending"
+            or (st.handle is not None and st.handle.machine != st.cost.get("machine"))):
+        _close_cost(st, now)
+
+
+def _close_cost(st: RunStatus, now: float) -> None:
+    cost = st.cost or {}
+    since = parse_iso(cost.get("since"))
+    if since is None:
+        return
+    spent = float(cost.get("price_per_hour") or 0.0) * max(0.0, now - since) / 3600.0
+    st.cost = {k: v for k, v in cost.items() if k not in ("since", "machine")}
+    st.cost["so_far"] = round(float(cost.get("so_far") or 0.0) + spent, 4)
+
+
+def cost_so_far(st: RunStatus, now: float) -> float:
+    """What the run's rentals cost until ``now``: the closed stretches and the open one."""
+    cost = st.cost or {}
+    total = float(cost.get("so_far") or 0.0)
+    since = parse_iso(cost.get("since"))
+    if since is not None:
+        total += float(cost.get("price_per_hour") or 0.0) * max(0.0, now - since) / 3600.0
+    return total
+
+
+def _key_note(key: str | None) -> str:
+    return f"{key.split()[0]} …{key.split()[1][-12:]}" if key and len(key.split()) > 1 else "pinned"
 
 
 def _steady(prev: RunStatus | None, change, outcome) -> bool:

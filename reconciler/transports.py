@@ -1,7 +1,12 @@
 """Connections to machines for one pass: made on first use, reused within the pass, closed after.
 
-``local`` is this machine; every other name is a Fleet machine reached over SSH. A machine that a
-status file names but no Fleet declares any more is reported unreachable with that reason.
+``local`` is this machine; every other name is a Fleet machine reached over SSH, or a rental
+(``<provider>/<rental id>``) reached at the endpoint its provider's inventory gives. A machine that
+a status file names but no Fleet declares any more (or a rental gone from its provider's
+inventory) is reported unreachable with that reason.
+
+A rental's host key is the one its status pinned, else the one its provider vouches for, else
+the one it shows on first contact (recorded in ``first_keys``, then pinned in the status).
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ import threading
 from .backends.base import MachineInfo
 from .backends.local import LocalTransport
 from .config import Config
-from .errors import PermanentError
+from .errors import PermanentError, TemporaryError
 from .plan import LOCAL
 from .spec.load import DesiredState
 from .status import TERMINAL, RunStatus
@@ -29,17 +34,67 @@ class TransportPool:
                 self._fleet_of[m.name] = fleet
         self._open: dict[str, object] = {}
         self._lock = threading.Lock()
+        self._rentals: dict = {}  # machine → ObservedRental (this repository's, from the inventories)
+        self._provider_errors: dict[str, str] = {}
+        self._pinned: dict[str, str] = {}  # rental machine → host key recorded in a status
+        self._providers = None
+        self._provider_specs = dict(desired.providers)
+        self.first_keys: dict[str, str] = {}  # rental machine → host key seen on first contact, this pass
+
+    def add_rentals(self, rentals: dict, errors: dict[str, str], providers, previous: dict[str, RunStatus]) -> None:
+        self._rentals, self._provider_errors, self._providers = rentals, errors, providers
+        for st in previous.values():
+            r = st.handle.rental if st.handle is not None else None
+            if st.handle is not None and st.handle.machine in rentals and r and r.get("host_key"):
+                self._pinned.setdefault(st.handle.machine, r["host_key"])
 
     def machines(self, previous: dict[str, RunStatus]) -> list[str]:
         names = {LOCAL, *self._machines}
+        names.update(m for m, r in self._rentals.items() if r.state == "running" and r.host and r.port)
         for st in previous.values():
             if st.handle is not None and st.handle.machine and st.phase not in TERMINAL:
                 names.add(st.handle.machine)
         return sorted(names)
 
+    def _rental_info(self, name: str) -> MachineInfo:
+        from .spec.models import Machine, SshEndpoint
+
+        provider = name.split("/", 1)[0]
+        r = self._rentals.get(name)
+        if r is None:
+            if provider in self._provider_errors:
+                raise TemporaryError(f"rental {name}: the inventory of {provider} cannot be read "
+                                     f"({self._provider_errors[provider]})")
+            raise PermanentError(f"rental {name} is gone from {provider}'s inventory")
+        if r.state != "running" or not (r.host and r.port):
+            raise TemporaryError(f"rental {name} is {r.state}, not running")
+        spec = self._provider_specs.get(provider)
+        if spec is None:
+            raise PermanentError(f"rental {name}: provider {provider} is no longer defined")
+        ssh = spec.spec.ssh
+        key = self._pinned.get(name) or r.host_key or self.first_keys.get(name)
+        identity = self._providers.identity_file(provider) if self._providers is not None else ssh.identity_file
+        endpoint = SshEndpoint.model_construct(host=r.host, port=r.port, user=r.user or ssh.user,
+                                               identity_file=identity, host_key=key)
+        machine = Machine.model_construct(name=name, ssh=endpoint, connect="ssh", tunnel_port=None,
+                                          foreign_gpus="ignore", workspace_root=r.workspace_root or ssh.workspace_root,
+                                          docker_host=None, python=ssh.python, max_tasks=1, labels={})
+        root = machine.workspace_root.rstrip("/") + "/" + self.cfg.repo_namespace
+        return MachineInfo(name, root, python=ssh.python, fleet_machine=machine,
+                           source=self._source.get(id(spec)) or f"provider {provider}")
+
+    def rental_key(self, name: str) -> str | None:
+        """The host key a rental is pinned to now (None: not a rental, or not met yet)."""
+        r = self._rentals.get(name)
+        if r is None:
+            return None
+        return self._pinned.get(name) or r.host_key or self.first_keys.get(name)
+
     def info(self, name: str) -> MachineInfo:
         if name == LOCAL:
             return MachineInfo(LOCAL, self.cfg.local_root, docker_host=self.cfg.docker_host)
+        if "/" in name:
+            return self._rental_info(name)
         m = self._machines.get(name)
         if m is None:
             raise PermanentError(f"machine {name!r} is not declared in any Fleet")
@@ -50,12 +105,22 @@ class TransportPool:
 
     def python_for(self, name: str) -> str | None:
         m = self._machines.get(name)
+        if m is None and "/" in name and name.split("/", 1)[0] in self._provider_specs:
+            return self._provider_specs[name.split("/", 1)[0]].spec.ssh.python
         return m.python if m is not None else None
 
     def get(self, name: str):
         with self._lock:
             t = self._open.get(name)
             if t is None:
+                if "/" in name and name in self._rentals and self.rental_key(name) is None:
+                    r = self._rentals[name]
+                    from .rentals import fetch_host_key
+
+                    try:  # first contact: the key seen now is the one pinned from here on
+                        self.first_keys[name] = fetch_host_key(r.host, r.port, self.cfg.ssh_connect_timeout)
+                    except Exception as e:  # noqa: BLE001 - not up yet is the usual reason
+                        raise TemporaryError(f"rental {name} ({r.host}:{r.port}): SSH not answering: {e}") from None
                 info = self.info(name)
                 if name == LOCAL:
                     t = LocalTransport(info)

@@ -2,7 +2,8 @@
 # Set up the reconciler and run it on this machine, the embedded default: no cloud account, no
 # other machine. It installs the reconciler into .venv, copies the repository's examples into a
 # fresh git repository (DEMO_DIR, default .reconciler/demo), and reconciles it until the example
-# run has finished: you see the plan, a real process, and the status commits it leaves in git.
+# runs have finished: you see the plan, a real process, a machine rented from the local provider
+# (a real sshd on loopback) from provisioning to its return, and the status commits left in git.
 #
 #   bash scripts/demo.sh
 set -euo pipefail
@@ -18,10 +19,24 @@ if [[ ! -x .venv/bin/reconcile ]]; then
 fi
 export PATH="$top/.venv/bin:$PATH"
 
+rental=yes
+if [[ ! -x /usr/sbin/sshd ]]; then
+    if [[ $(id -u) == 0 ]] && command -v apt-get > /dev/null; then
+        echo "== installing openssh-server (the local provider's rentals are sshd servers)"
+        apt-get install -y -qq openssh-server > /dev/null 2>&1 || rental=no
+    else
+        rental=no
+    fi
+fi
+
 rm -rf "$demo"
 mkdir -p "$demo"
 cp -r specs execution_templates schemas examples "$demo/"
 cd "$demo"
+if [[ $rental == no ]]; then
+    echo "(no /usr/sbin/sshd here: the rental example is left out; install openssh-server to see it)"
+    rm -f specs/runs/hello-rental.yaml
+fi
 git init -q -b main
 git config user.name "Demo User"
 git config user.email "demo@example.invalid"
@@ -35,12 +50,18 @@ reconcile validate
 echo
 echo "== reconcile plan"
 reconcile plan
-for pass in 1 2 3 4 5 6 7 8 9 10; do
+ended() {
+    case "$(sed -n 's/^phase: //p' "status/$1.yaml" 2>/dev/null || true)" in Succeeded|Failed) return 0 ;; esac
+    return 1
+}
+for pass in $(seq 1 15); do
     echo
     echo "== reconcile --once (pass $pass)"
     reconcile --once
-    phase=$(sed -n 's/^phase: //p' status/hello.yaml 2>/dev/null || true)
-    case "$phase" in Succeeded|Failed) break ;; esac
+    if ended hello && { [[ $rental == no ]] || { ended hello-rental && [[ $(reconcile rentals --json |
+            python3 -c 'import json,sys; print(len(json.load(sys.stdin)["rentals"]))') == 0 ]]; }; }; then
+        break
+    fi
     sleep 1
 done
 echo
@@ -52,5 +73,15 @@ git log --format='%h %an: %s' -5
 echo
 echo "== the run's output ($(sed -n 's/^  workspace: //p' status/hello.yaml))"
 cat "$(sed -n 's/^  workspace: //p' status/hello.yaml)/artifacts/stdout.log"
+if [[ $rental == yes ]]; then
+    echo
+    echo "== the rented run: its output (collected before the rental went back), its cost and conditions"
+    cat .reconciler/bundles/hello-rental-g1-a*/artifacts/stdout.log
+    sed -n '/^cost:/,/^conditions:/p' status/hello-rental.yaml | sed '$d'
+    grep -A2 -E 'type: (Provisioned|SshReady|GpuVerified)$' status/hello-rental.yaml | grep -E 'type|status' | paste - -
+    echo
+    echo "== reconcile rentals (the rental is gone: given back once its run was collected)"
+    reconcile rentals
+fi
 echo
 echo "Demo repository: $demo"

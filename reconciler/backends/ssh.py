@@ -281,6 +281,28 @@ class SshTransport:
 
     # ------------------------------------------------------------------ files
 
+    def fetch_folder(self, identity: str, rel: str, dest: Path, sink_wrapper=None) -> None:
+        """One folder of the workspace (``rel``, e.g. a checkpoint) as a tar stream into ``dest``.
+        ``sink_wrapper`` may wrap the spool file (a bandwidth limit)."""
+        ws = self.workspace(identity)
+        script = f"cd {shlex.quote(ws)} || exit 97\nexec tar -cf - {shlex.quote(rel)}"
+        dest = Path(dest)
+        dest.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=dest) as spool:
+            sink = sink_wrapper(spool) if sink_wrapper is not None else spool
+            rc, _, err = self._exec("sh -c " + shlex.quote(script), None, max(self.command_timeout, 3600.0), sink=sink)
+            if rc != 0:
+                raise TemporaryError(f"copying {rel} of {identity} from {self.where} failed (exit {rc}): "
+                                     f"{err.decode('utf-8', 'replace').strip()[:300]}")
+            spool.seek(0)
+            with tarfile.open(fileobj=spool, mode="r|") as tar:
+                if hasattr(tarfile, "data_filter"):
+                    tar.extractall(dest, filter=_plain_member)
+                else:
+                    for member in tar:
+                        if _plain_member(member, str(dest)) is not None:
+                            tar.extract(member, dest)
+
     def stage(self, bundle: Path, identity: str, spec_digest: str = "") -> str:
         """Unpack the bundle as the identity's workspace, atomically. A workspace already there is
         kept only if it was built for the same spec; one built for another is refused (exit 96)."""
@@ -332,6 +354,14 @@ class SshTransport:
                     for member in tar:
                         if _only_runtime_and_artifacts(member, str(dest)) is not None:
                             tar.extract(member, dest)
+
+
+def _plain_member(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
+    if hasattr(tarfile, "data_filter"):
+        return tarfile.data_filter(member, path)
+    if member.name.startswith("/") or ".." in member.name.split("/") or not (member.isfile() or member.isdir()):
+        return None
+    return member
 
 
 def _only_runtime_and_artifacts(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:

@@ -204,6 +204,19 @@ def _precheck_failure(ws):
     return None
 
 
+def _checkpoints(ws):
+    """Complete checkpoints (their trainer_state.json is written last) under artifacts/output, as
+    workspace-relative paths, oldest step first."""
+    base = os.path.join(ws, "artifacts", "output")
+    found = []
+    for dirpath, dirnames, filenames in _walk(base, 1):
+        for d in dirnames:
+            if d.startswith("checkpoint-") and d[11:].isdigit() and os.path.isfile(
+                    os.path.join(dirpath, d, "trainer_state.json")):
+                found.append((int(d[11:]), os.path.relpath(os.path.join(dirpath, d), ws)))
+    return [p for _, p in sorted(found)]
+
+
 def _walk(base, depth):
     if depth < 0 or not os.path.isdir(base):
         return
@@ -303,6 +316,10 @@ def probe(root, names=None, now=None):
             prog = _progress(ws)
             if prog:
                 run["progress"] = prog
+            if state in ("running", None):
+                ckpts = _checkpoints(ws)
+                if ckpts:
+                    run["checkpoints"] = ckpts
         result["runs"][entry] = run
     if pending_docker:
         states = _docker_states(pending_docker)

@@ -24,7 +24,8 @@ CREDENTIAL = re.compile(
     r"|AKIA[0-9A-Z]{16}|xox[abpr]-[A-Za-z0-9\-]{10,}|glpat-[A-Za-z0-9_\-]{20,})"
 )
 # Keys whose values are public or are references, never secrets.
-NOT_SECRET_PATHS = {("spec", "machines", "*", "ssh", "host_key"), ("spec", "machines", "*", "ssh", "identity_file")}
+NOT_SECRET_PATHS = {("spec", "machines", "*", "ssh", "host_key"), ("spec", "machines", "*", "ssh", "identity_file"),
+                    ("spec", "credentials")}  # a Provider's credentials: the name of a secret
 
 
 def _walk(data: Any, loc: tuple = ()) -> Iterator[tuple[tuple, Any]]:
@@ -117,7 +118,7 @@ def cross_checks(root: Path, files: list, locator, given: set[str] | None = None
         _check_template(f, add)
 
     by_name: dict[tuple[str, str], Any] = {}
-    for f in sorted((f for f in checked if f.kind in ("Run", "Fleet")), key=lambda f: f.rel in given):
+    for f in sorted((f for f in checked if f.kind in ("Run", "Fleet", "Provider")), key=lambda f: f.rel in given):
         name = _at(f.data, "metadata", "name")
         if not is_dns_label(name):
             continue
@@ -132,9 +133,10 @@ def cross_checks(root: Path, files: list, locator, given: set[str] | None = None
     # A template with a cross-file error (id != file name, id defined twice) is as invalid as one
     # that failed its schema: the runs that use it must not pass.
     invalid_templates = {f.rel for f in template_files if f.diags or out.get(f.rel)}
+    providers = {name: f for (kind, name), f in by_name.items() if kind == "Provider"}
     for f in checked:
         if f.kind == "Run":
-            _check_run(root, f, lookup, add, invalid_templates)
+            _check_run(root, f, lookup, add, invalid_templates, providers)
 
     machines: dict[str, Any] = {}
     for f in sorted((f for f in checked if f.kind == "Fleet"), key=lambda f: f.rel in given):
@@ -292,7 +294,7 @@ def _ssh_strings(blob: bytes) -> list[bytes] | None:
 # ---------------------------------------------------------------- runs
 
 
-def _check_run(root: Path, f, templates: dict, add, invalid_templates: set[str]) -> None:
+def _check_run(root: Path, f, templates: dict, add, invalid_templates: set[str], providers: dict) -> None:
     spec = f.data.get("spec")
     if not isinstance(spec, dict):
         return
@@ -316,6 +318,8 @@ def _check_run(root: Path, f, templates: dict, add, invalid_templates: set[str])
         if _text(overrides.get("image")) and template.launch_mode.kind != "docker":
             add(f, ("spec", "overrides", "image"), "an image only applies to docker launches")
     _check_gpus(f, overrides, template, add)
+    if template is not None and template.placement.kind == "rental":
+        _check_rental(f, overrides, template, providers, add)
     seen = set()
     for i, item in enumerate(_list(spec.get("inputs"))):
         if not isinstance(item, str):
@@ -366,6 +370,49 @@ def _check_gpus(f, overrides: dict, template: ExecutionTemplate | None, add) -> 
         add(f, loc + ("gpu_count",), f"gpu_count is 0 but template '{template.id}' sets gpu_type "
                                      f"'{base.gpu_type}': a GPU type needs a GPU (override gpu_type too, or use a "
                                      "template without one)")
+
+
+def _check_rental(f, overrides: dict, template: ExecutionTemplate, providers: dict, add) -> None:
+    """A rental run must fit some offer of the providers it may use: caught in the pull request,
+    not when the reconciler first tries to rent. Located at the override that asks too much, else
+    at the template reference (its defaults do)."""
+    from .models import Provider, Run
+    from .resolve import effective
+    from ..offers import fitting_offers
+
+    try:
+        run = Run.model_validate(f.data)
+    except Exception:  # noqa: BLE001 - the schema reports what is wrong with the run itself
+        return
+    eff = effective(run, template)
+    target = eff.target
+    usable = {}
+    for name, pf in providers.items():
+        if target is not None and name != target:
+            continue
+        try:
+            usable[name] = Provider.model_validate(pf.data)
+        except Exception:  # noqa: BLE001 - the provider file reports its own errors
+            continue
+    loc = ("spec", "overrides", "resources") if isinstance(overrides.get("resources"), dict) else ("spec", "template")
+    if target is not None and target not in providers:
+        known = ", ".join(sorted(providers)) or "none in specs/"
+        where = ("spec", "overrides", "target") if overrides.get("target") is not None else ("spec", "template")
+        add(f, where, f"provider '{target}' not found (known: {known})")
+        return
+    if not providers:
+        add(f, ("spec", "template"), f"template '{template.id}' rents machines, but no Provider is defined "
+                                     "(add one under specs/, e.g. specs/providers/local.yaml)")
+        return
+    if usable and not any(fitting_offers(p, eff.resources) for p in usable.values()):
+        res = eff.resources
+        want = f"{res.gpu_count} x {res.gpu_type or 'any GPU'}" if res.gpu_count else "no GPU"
+        if res.memory_gb:
+            want += f", {res.memory_gb:g} GB memory"
+        if res.cpu_count:
+            want += f", {res.cpu_count} CPUs"
+        offers = "; ".join(f"{n}: " + ", ".join(o.id for o in p.spec.offers) for n, p in sorted(usable.items()))
+        add(f, loc, f"no provider offer fits {want} (offers: {offers})")
 
 
 def input_problem(root: Path, item: str) -> str | None:

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 from ..diagnostics import Diagnostic, relpath
 from . import yamlsafe
 from .checks import secret_values
-from .models import DNS_LABEL, KINDS, ExecutionTemplate, Fleet, Run, is_dns_label
+from .models import DNS_LABEL, KINDS, ExecutionTemplate, Fleet, Provider, Run, is_dns_label
 
 SPEC_DIRS = ("specs", "execution_templates")
 
@@ -307,13 +307,20 @@ class DesiredState:
     runs: dict[str, RunEntry] = field(default_factory=dict)
     templates: dict[str, ExecutionTemplate] = field(default_factory=dict)
     fleets: dict[str, Fleet] = field(default_factory=dict)
+    providers: dict[str, Provider] = field(default_factory=dict)
     invalid: dict[str, str] = field(default_factory=dict)  # run name (a DNS label, always) → first message
     diagnostics: list[Diagnostic] = field(default_factory=list)
     files: list[SpecFile] = field(default_factory=list)
 
 
+# Fields added to RunSpec after runs were launched under it: left out of the digest while unset,
+# so that upgrading the reconciler does not relaunch every run as a new generation.
+ADDED_LATER = ("maxCost",)
+
+
 def run_digest(run: Run) -> str:
-    body = json.dumps(run.spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    unset = {k for k in ADDED_LATER if getattr(run.spec, k) is None}
+    body = json.dumps(run.spec.model_dump(mode="json", exclude=unset), sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
 
 
@@ -352,6 +359,8 @@ def load_tree(root: Path, cache: SpecCache | None = None, only: set[Path] | None
             desired.templates[f.obj.id] = f.obj
         elif isinstance(f.obj, Fleet):
             desired.fleets[f.obj.metadata.name] = f.obj
+        elif isinstance(f.obj, Provider):
+            desired.providers[f.obj.metadata.name] = f.obj
     if wanted is not None:
         desired.diagnostics = [d for d in desired.diagnostics if d.path in wanted]
     desired.diagnostics.sort()

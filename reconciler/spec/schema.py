@@ -51,7 +51,7 @@ from .models import (
     SwiftSftTask,
 )
 
-FILE_NAMES = {"Run": "run", "ExecutionTemplate": "execution-template", "Fleet": "fleet"}
+FILE_NAMES = {"Run": "run", "ExecutionTemplate": "execution-template", "Fleet": "fleet", "Provider": "provider"}
 COMBINED = "reconciler.schema.json"
 SCHEMA_BASE = "https://reconciler.dev/schemas/v1/"
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -365,16 +365,17 @@ def _combined_schema() -> dict:
     return {
         "$schema": DRAFT,
         "$id": SCHEMA_BASE + COMBINED,
-        "title": "Run, ExecutionTemplate or Fleet",
+        "title": "Run, ExecutionTemplate, Fleet or Provider",
         "description": "Any object of the reconciler's spec language, chosen by its kind: a Run, an "
-                       "ExecutionTemplate or a Fleet. One schema for specs/** and execution_templates/**.",
+                       "ExecutionTemplate, a Fleet or a Provider. One schema for specs/** and "
+                       "execution_templates/**.",
         "type": "object",
         "required": ["apiVersion", "kind"],
         "properties": {
             "apiVersion": {"const": "reconciler/v1", "description": "Version of the spec language."},
             "kind": {"enum": kinds, "description": "What this file describes: Run (a training run), "
-                                                   "ExecutionTemplate (how and where runs execute) or Fleet "
-                                                   "(registered machines)."},
+                                                   "ExecutionTemplate (how and where runs execute), Fleet "
+                                                   "(registered machines) or Provider (rented machines)."},
         },
         "allOf": [_if_then(_tagged("kind", kind), {"$ref": REF + kind})
                   for kind in kinds],

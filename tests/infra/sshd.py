@@ -76,7 +76,7 @@ class SshServer:
     """
 
     def __init__(self, scratch: str | os.PathLike[str], host: str = "127.0.0.1", user: str = TEST_USER,
-                 extra_config: str = ""):
+                 extra_config: str = "", port: int | None = None):
         if not host.startswith("127."):
             raise ValueError(f"test sshd must listen on loopback (127.0.0.0/8), not {host!r}")
         self.host = host
@@ -85,7 +85,7 @@ class SshServer:
         self.scratch = Path(scratch)
         self.scratch.mkdir(parents=True, exist_ok=True)
         self.home = ensure_test_user(user).pw_dir
-        self.port = free_port(host)
+        self.port = port or free_port(host)
         self._proc: subprocess.Popen[bytes] | None = None
         self._other_host_key: str | None = None
         # (pid, start time) of session processes left running by stop(); close() ends them.

@@ -186,7 +186,8 @@ def test_template_backend_key_and_defaults() -> None:
     t = ExecutionTemplate.model_validate(template_doc())
     assert t.backend_key == "ssh_docker"
     assert t.launch_mode.network == "none" and t.launch_mode.pull is False and t.defaults.detach is True
-    errors(ExecutionTemplate, template_doc(placement={"kind": "rental"}))
+    errors(ExecutionTemplate, template_doc(placement={"kind": "slurm"}))
+    assert ExecutionTemplate.model_validate(template_doc(placement={"kind": "rental"})).backend_key == "rental_docker"
     errors(ExecutionTemplate, template_doc(allow_overrides=["command"]))
 
 
@@ -210,7 +211,7 @@ def test_fleet_rules() -> None:
 
 
 def test_kinds() -> None:
-    assert set(KINDS) == {"Run", "ExecutionTemplate", "Fleet"}
+    assert set(KINDS) == {"Run", "ExecutionTemplate", "Fleet", "Provider"}
     for kind, model in KINDS.items():
         assert model.model_fields["kind"].annotation.__args__ == (kind,)
         assert model.model_fields["apiVersion"].annotation.__args__ == ("reconciler/v1",)

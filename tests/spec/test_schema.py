@@ -156,7 +156,7 @@ def _mutations() -> list[tuple[str, str, callable]]:
         ("Run", "bad apiVersion", at(("apiVersion",), "reconciler/v2")),
         ("Run", "bad secret name", at(("spec", "secrets"), ["hf-token"])),
         ("ExecutionTemplate", "unknown key", at(("defaults", "imagee"), "x")),
-        ("ExecutionTemplate", "unknown placement", at(("placement", "kind"), "rental")),
+        ("ExecutionTemplate", "unknown placement", at(("placement", "kind"), "slurm")),
         ("ExecutionTemplate", "unknown override key", at(("allow_overrides",), ["command"])),
         ("ExecutionTemplate", "gpu_count too big", at(("defaults", "resources"), {"gpu_count": 65})),
         ("Fleet", "unknown machine key", lambda d: d["spec"]["machines"][0].update(hostname="x")),

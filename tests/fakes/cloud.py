@@ -1,0 +1,158 @@
+"""What the fake provider APIs share: a JSON HTTP server on loopback, machines that are real sshd
+servers, and levers for the bad days (429 and 5xx storms, slow provisioning).
+
+These are fakes, named so: no rental provider's API can be reached from the machines the tests run
+on. They speak the subset of each API that the adapters call (see docs/rentals.md for the real
+endpoints), and every machine they hand out is a real OpenSSH server on a loopback address, so the
+adapter's real HTTP calls and the reconciler's real SSH path both run end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable
+
+from tests.infra.sshd import SshServer
+
+
+class Chaos:
+    """Answers to force on the next requests: [(status, headers, body)], consumed in order."""
+
+    def __init__(self):
+        self.queue: list[tuple[int, dict, str]] = []
+        self.lock = threading.Lock()
+
+    def storm(self, status: int, count: int, headers: dict | None = None, body: str = "") -> None:
+        with self.lock:
+            self.queue.extend([(status, headers or {}, body)] * count)
+
+    def next(self):
+        with self.lock:
+            return self.queue.pop(0) if self.queue else None
+
+
+class FakeCloud:
+    """Base of the fakes: routes (method, path) to handlers; records every request."""
+
+    def __init__(self, scratch: Path, token: str = "test-token", delay: float = 0.0):
+        self.scratch = scratch
+        self.token = token
+        self.delay = delay  # seconds from "create" to "running"
+        self.chaos = Chaos()
+        self.requests: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+        self.machines: dict[str, dict] = {}  # id → record (with "server": SshServer once booted)
+        self.servers: list[SshServer] = []
+        self._httpd: ThreadingHTTPServer | None = None
+        self._next_ip = 2
+
+    # ------------------------------------------------------------------ the server
+
+    def route(self, method: str, path: str, query: dict, body: Any) -> tuple[int, Any]:
+        raise NotImplementedError
+
+    def start(self) -> "FakeCloud":
+        cloud = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def _serve(self, method: str) -> None:
+                from urllib.parse import parse_qs, urlparse
+
+                url = urlparse(self.path)
+                with cloud.lock:
+                    cloud.requests.append((method, url.path))
+                forced = cloud.chaos.next()
+                if forced is not None:
+                    status, headers, text = forced
+                    self.send_response(status)
+                    for k, v in headers.items():
+                        self.send_header(k, v)
+                    self.end_headers()
+                    self.wfile.write(text.encode())
+                    return
+                if not cloud.authorized(self.headers.get("Authorization", "")):
+                    return self._json(401, {"error": "unauthorized", "reason": "INVALID_TOKEN"})
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                try:
+                    body = json.loads(raw) if raw else None
+                except ValueError:
+                    return self._json(400, {"error": "Failed to decode request body", "reason": "INVALID_JSON_BODY"})
+                query = {k: v[0] for k, v in parse_qs(url.query).items()}
+                try:
+                    status, doc = cloud.route(method, url.path, query, body)
+                except KeyError:
+                    status, doc = 404, {"error": "not found"}
+                self._json(status, doc)
+
+            def _json(self, status: int, doc: Any) -> None:
+                data = json.dumps(doc).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self._serve("GET")
+
+            def do_POST(self):
+                self._serve("POST")
+
+            def do_DELETE(self):
+                self._serve("DELETE")
+
+            def do_PUT(self):
+                self._serve("PUT")
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+
+    def authorized(self, header: str) -> bool:
+        return header == f"Bearer {self.token}"
+
+    def calls(self, method: str | None = None, prefix: str = "") -> int:
+        with self.lock:
+            return sum(1 for m, p in self.requests if (method is None or m == method) and p.startswith(prefix))
+
+    # ------------------------------------------------------------------ machines
+
+    def boot(self, record: dict, public_key: str, port: int | None = None, host: str = "127.0.0.1") -> SshServer:
+        """A real sshd for a machine that reached "running", accepting the registered key."""
+        server = SshServer(self.scratch / f"m-{record['id']}", host=host, port=port)
+        with open(server.authorized_keys, "a") as fh:
+            fh.write(public_key.strip() + "\n")
+        server.start()
+        record["server"] = server
+        self.servers.append(server)
+        return server
+
+    def ready(self, record: dict) -> bool:
+        return time.time() >= record["created"] + self.delay
+
+    def evaporate(self, machine_id: str) -> None:
+        record = self.machines.pop(machine_id)
+        if record.get("server") is not None:
+            record["server"].stop(kill_processes=True)
+
+    def close(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+        for s in self.servers:
+            s.close()
+
+
+Route = Callable[[str, dict, Any], tuple[int, Any]]

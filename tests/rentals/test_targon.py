@@ -1,0 +1,74 @@
+"""The targon adapter against a fake Targon API (tests/fakes/targon.py) whose machines are real
+sshd servers: real HTTP calls, real SSH, and the provider's bad days (429 and 500 storms)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.fakes.targon import FakeTargon
+from tests.rentals.conftest import RENTAL_TEMPLATES
+from tests.world import TEMPLATES, World, remote_root, run_spec
+
+
+@pytest.fixture
+def targon(tmp_path, monkeypatch):
+    fake = FakeTargon(tmp_path / "cloud", token="tg-test-token", delay=0.2).start()
+    monkeypatch.setenv("TARGON_API_KEY", "tg-test-token")
+    key = tmp_path / "id_rentals"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    TEMPLATES.update(RENTAL_TEMPLATES)
+    w = World(tmp_path / "w")
+    root = remote_root()
+    doc = {"apiVersion": "reconciler/v1", "kind": "Provider", "metadata": {"name": "targon"},
+           "spec": {"type": "targon", "endpoint": fake.url + "/tha/v2", "credentials": "TARGON_API_KEY",
+                    "rateLimit": {"requestsPerSecond": 50, "burst": 10},
+                    "offers": [{"id": "h200-small", "gpu_count": 0, "price_per_hour": 2.4}],
+                    "ssh": {"user": "rctest", "port": 22, "identity_file": str(key), "image": "acme/sshd:1",
+                            "workspace_root": root}}}
+    (w.repo / "specs" / "providers").mkdir()
+    (w.repo / "specs" / "providers" / "targon.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    w.commit("targon")
+    w.roots.append(root)
+    yield w, fake
+    w.cleanup()
+    fake.close()
+
+
+def test_a_targon_rental_is_created_deployed_used_and_deleted(targon) -> None:
+    w, fake = targon
+    w.add_run(run_spec("t1", "rental-host", ["sh", "-c", "echo on-targon"]))
+    st = w.until("t1", lambda s: s.phase == "Succeeded")
+    uid = st.handle.rental["id"]
+    assert uid.startswith("wrk-") and st.handle.machine == f"targon/{uid}"
+    assert st.cost["price_per_hour"] == 2.4
+    assert fake.calls("POST", "/tha/v2/workloads") == 2  # create + deploy, once
+    assert fake.calls("POST", "/tha/v2/ssh-keys") == 1
+    w.until("t1", lambda s: uid not in fake.machines)
+    assert fake.calls("DELETE", f"/tha/v2/workloads/{uid}") == 1
+    assert (w.bundle(st.handle.identity) / "artifacts" / "stdout.log").read_text() == "on-targon\n"
+
+
+def test_429_storms_are_waited_out_and_500_storms_leave_the_run_waiting(targon) -> None:
+    w, fake = targon
+    w.add_run(run_spec("t2", "rental-host", ["true"]))
+    fake.chaos.storm(500, 20)  # every try of this pass's inventory listing fails
+    rec = w.reconciler()
+    rec.run_pass()
+    st = w.status("t2")
+    assert st.phase == "Pending" and st.condition("Provisioned").reason == "ProviderUnavailable"
+    assert "HTTP 500" in st.condition("Provisioned").message
+    assert fake.machines == {}  # nothing asked for while the inventory is unknown
+    fake.chaos.queue.clear()
+    fake.chaos.storm(429, 3, {"Retry-After": "0.1"})
+    fake.chaos.storm(429, 2)  # no Retry-After: backoff
+    deadline = time.monotonic() + 30
+    while (st := w.status("t2")).phase != "Succeeded" and time.monotonic() < deadline:
+        rec.run_pass()  # one reconciler: its adapter's client counts what it met
+    assert st.phase == "Succeeded"
+    assert rec.providers.get("targon").client.throttled == 5 and fake.chaos.queue == []
+    assert fake.calls("POST", "/tha/v2/workloads") == 2  # one rental: create + deploy
