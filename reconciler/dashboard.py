@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import re
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, quote, urlparse
@@ -103,7 +104,10 @@ class Views:
                  ("message", st.message), ("exit code", st.exit_code), ("machine", h.machine if h else None),
                  ("identity", h.identity if h else None), ("GPUs", ",".join(map(str, h.gpus)) if h else None),
                  ("spec", f"{st.spec.path or ''} {st.spec.digest or ''}".strip()), ("spec commit", st.spec.commit),
-                 ("price per hour", (st.cost or {}).get("price_per_hour")), ("cost so far", (st.cost or {}).get("so_far"))]
+                 ("price per hour", (st.cost or {}).get("price_per_hour")),
+                 ("cost so far", f"{statuses.cost_so_far(st, time.time()):.4f}" if st.cost else None),
+                 ("rental", f"{h.rental.get('provider')}/{h.rental.get('offer')} ({h.rental.get('name')})"
+                  if h is not None and h.rental else None)]
         body = ["<table id=facts>"] + [f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in facts
                                        if v not in (None, "")] + ["</table>"]
         if len(st.loss_curve) >= 2:

@@ -96,6 +96,10 @@ class TargonAdapter:
         query = {"type": "RENTAL", "project_id": self.provider.spec.project}
         out = []
         seen = set()
+        # Endpoint look-ups are spread over passes (at most a burst's worth each): after a restart
+        # with many rentals, a pass must not wait out the rate limit for all of them. A rental
+        # whose endpoint is not known yet is reported running without one (unreachable this pass).
+        lookups = self.provider.spec.rateLimit.burst
         for item in self._pages("/workloads", query):
             uid, name = item.get("uid"), item.get("name") or ""
             if not uid:
@@ -106,9 +110,13 @@ class TargonAdapter:
             state = STATES.get(status, "provisioning")
             host = port = None
             if state == "running":
-                host, port = self._endpoint(uid)
-                if host is None:
-                    state = "provisioning"  # running, but no SSH endpoint published yet
+                if uid not in self._endpoints and lookups <= 0:
+                    host = port = None
+                else:
+                    lookups -= uid not in self._endpoints
+                    host, port = self._endpoint(uid)
+                    if host is None:
+                        state = "provisioning"  # running, but no SSH endpoint published yet
             resource = item.get("resource_name") or (item.get("resource") or {}).get("name")
             offer = self._offers.get(resource)
             price = item.get("cost_per_hour")

@@ -38,8 +38,10 @@ class Chaos:
 class FakeCloud:
     """Base of the fakes: routes (method, path) to handlers; records every request."""
 
-    def __init__(self, scratch: Path, token: str = "test-token", delay: float = 0.0):
+    def __init__(self, scratch: Path, token: str = "test-token", delay: float = 0.0, boot_machines: bool = True):
         self.scratch = scratch
+        # False: machines reach "running" with an endpoint nobody listens on (API-only benchmarks).
+        self.boot_machines = boot_machines
         self.token = token
         self.delay = delay  # seconds from "create" to "running"
         self.chaos = Chaos()
@@ -131,11 +133,14 @@ class FakeCloud:
 
     def boot(self, record: dict, public_key: str, port: int | None = None, host: str = "127.0.0.1") -> SshServer:
         """A real sshd for a machine that reached "running", accepting the registered key."""
+        if not self.boot_machines:
+            record["server"], record["port"] = None, 9  # the discard port: nothing answers there
+            return None
         server = SshServer(self.scratch / f"m-{record['id']}", host=host, port=port)
         with open(server.authorized_keys, "a") as fh:
             fh.write(public_key.strip() + "\n")
         server.start()
-        record["server"] = server
+        record["server"], record["port"] = server, server.port
         self.servers.append(server)
         return server
 

@@ -71,7 +71,7 @@ class FakeTargon(FakeCloud):
             status = self._status(w)
             urls = []
             if status == "running":
-                urls = [{"port": p["port"], "url": f"http://127.0.0.1:{w['server'].port}"} for p in w["ports"]]
+                urls = [{"port": p["port"], "url": f"http://127.0.0.1:{w['port']}"} for p in w["ports"]]
             return 200, {"uid": w["uid"], "workload_type": "RENTAL", "status": status, "message": status.title(),
                          "urls": urls}
         if len(parts) == 2 and parts[0] == "workloads" and method == "DELETE":
