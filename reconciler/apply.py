@@ -212,6 +212,10 @@ def _rental_ready(c: Change, ctx: ApplyContext, t, out: Outcome) -> None:
     wait_for_ssh(t, ctx.ssh_ready_timeout)
     out.rental = dict(c.rental, host_key=ctx.rental_key(c.machine))
     out.rental.pop("verify", None)
+    fm = getattr(t.machine, "fleet_machine", None)
+    if fm is not None:  # where it is, for the passes when the provider's API cannot say
+        out.rental.update(host=fm.ssh.host, port=fm.ssh.port, user=fm.ssh.user, identity_file=fm.ssh.identity_file,
+                          workspace_root=fm.workspace_root)
     want = c.rental.get("verify")
     if want:
         out.rental_step = "gpus"

@@ -220,6 +220,8 @@ class Reconciler:
             return {}, errors
         rentals, found = self.providers.observe(self.cfg.repo_namespace, self.cfg.parallel_machines)
         errors.update(found)
+        for name, why in desired.invalid_providers.items():
+            errors.setdefault(name, f"its spec is invalid: {why}")
         return rentals, errors
 
     def _spend(self, previous: dict, now: float) -> dict[str, float]:

@@ -11,7 +11,8 @@ taken as unreachable since then. The planner, unchanged, does the rest; plain va
 
 from __future__ import annotations
 
-from .observed import ObservedMachine, ObservedRun, ObservedWorld
+from .observed import ObservedMachine, ObservedRental, ObservedRun, ObservedWorld
+from .offers import parse_rental_name
 from .plan import LOCAL
 from .spec.load import DesiredState
 from .status import TERMINAL, RunStatus, parse_iso
@@ -25,6 +26,20 @@ def recorded_world(desired: DesiredState, previous: dict[str, RunStatus], now: f
             names.add(st.handle.machine)
     for name in sorted(names):
         world.machines[name] = ObservedMachine(name)
+    for st in previous.values():
+        # A run's rental as its status recorded it: provisioning while the run was, running once
+        # the run had a machine there (a finished run's rental may be gone: it is not assumed).
+        r = st.handle.rental if st.handle is not None else None
+        parsed = parse_rental_name((r or {}).get("name") or "")
+        if not r or not r.get("id") or parsed is None or st.phase in TERMINAL:
+            continue
+        machine = f"{r['provider']}/{r['id']}"
+        running = st.handle.machine == machine
+        world.rentals[machine] = ObservedRental(
+            machine=machine, provider=r["provider"], id=r["id"], name=r["name"],
+            state="running" if running else "provisioning", identity=parsed.identity, n=parsed.n,
+            host="recorded" if running else None, port=22 if running else None,
+            price_per_hour=r.get("price_per_hour"), offer=r.get("offer"), host_key=r.get("host_key"))
     for st in previous.values():
         h = st.handle
         if h is None or not h.machine or not h.identity:

@@ -101,6 +101,11 @@ class Plan:
             out[c.action] = out.get(c.action, 0) + 1
         return out
 
+    def new_rentals(self) -> tuple[int, float]:
+        """How many machines this plan rents, and what they cost per hour together."""
+        asked = [c.rental for c in self.changes if c.action == "provision" and c.rental]
+        return len(asked), sum(r.get("price_per_hour") or 0.0 for r in asked)
+
     def to_json(self) -> dict:
         return {"at": self.at, "summary": self.summary(), "changes": [asdict(c) for c in self.changes],
                 "warnings": list(self.warnings)}
@@ -132,6 +137,9 @@ class Plan:
             lines.append(f"      {' ' * 12} {'':<{width}}  {c.code}: {c.reason}")
         counts = self.summary()
         lines += ["", "Plan: " + ", ".join(f"{n} {a}" for a, n in sorted(counts.items()) if a != "none") + "."]
+        n, price = self.new_rentals()
+        if n:
+            lines.append(f"New rentals: {n}, estimated {price:g} per hour.")
         return "\n".join(lines) + warnings
 
 

@@ -44,6 +44,9 @@ def markdown(plan, offline: bool = True, diagnostics: list[str] | None = None) -
     else:
         counts = plan.summary()
         lines.append("**" + ", ".join(f"{n} {a}" for a, n in sorted(counts.items()) if a != "none") + "**")
+        rented, price = plan.new_rentals()
+        if rented:
+            lines += ["", f"New rentals: {rented}, estimated **{price:g} per hour**."]
         lines += ["", "| | run | action | where | why |", "|---|---|---|---|---|"]
         for c in shown:
             where = c.identity or ""

@@ -227,8 +227,9 @@ def sweep(book: RentalBook, plan, warnings: list[str]) -> list:
             ended[m] = max(ended.get(m, 0.0), t or 0.0)
     current = {c.identity: c for c in plan.changes if c.phase is not None and c.identity}
     for m, r in sorted(book.world.rentals.items()):
-        if m in book.released or r.state in ("terminating", "terminated"):
-            continue
+        if (m in book.released or r.state in ("terminating", "terminated")
+                or r.provider in book.desired.invalid_providers):
+            continue  # an invalid provider spec protects its rentals until it is fixed
         spec = book.desired.providers.get(r.provider)
         who = holding.get(m) or (parse(r.identity).name if parse(r.identity) else r.name)
         age = book.now - r.created_at if r.created_at else 0.0

@@ -45,7 +45,10 @@ class Providers:
                 key = json.dumps(p.model_dump(mode="json"), sort_keys=True)
                 if name not in self._adapters or self._adapters[name][0] != key:
                     self._adapters[name] = (key, adapter_for(p, self.ctx))
-            for name in [n for n in self._adapters if n not in desired.providers]:
+            # An invalid provider file keeps the adapter of its last valid spec (if this process
+            # has one): its rentals stay listed, and nothing of them is released meanwhile.
+            for name in [n for n in self._adapters if n not in desired.providers
+                         and n not in desired.invalid_providers]:
                 del self._adapters[name]
 
     def get(self, name: str):

@@ -46,8 +46,10 @@ class Handle(Lenient):
     container: str | None = None
     gpus: list[int] = Field(default_factory=list)
     launched_at: str | None = None
-    # A rented machine: {provider, id, name, offer, price_per_hour, host_key}. The host key is
-    # pinned here on first contact, so a later connection to another key is refused.
+    # A rented machine: {provider, id, name, offer, price_per_hour, host_key, host, port, user,
+    # identity_file, workspace_root}. The host key is pinned here on first contact, so a later
+    # connection to another key is refused; the endpoint lets the run be followed while the
+    # provider's API is down.
     rental: dict[str, Any] | None = None
 
 
@@ -488,7 +490,8 @@ def _rental_status(st: RunStatus, change, outcome, now: float) -> None:
             set_condition(st, "GpuVerified", "True", "Verified" if seen else "NoGpu", seen or "the offer has no GPU", now)
         if ok and st.handle is not None and st.handle.machine == change.machine:
             st.handle.rental = {k: rental.get(k) for k in ("provider", "id", "name", "offer", "price_per_hour",
-                                                           "host_key")}
+                                                           "host_key", "host", "port", "user", "identity_file",
+                                                           "workspace_root") if rental.get(k) is not None}
             _close_cost(st, now)
             st.cost = dict(st.cost or {}, provider=rental.get("provider"), machine=change.machine,
                            price_per_hour=rental.get("price_per_hour"), since=iso(now))

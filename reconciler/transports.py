@@ -43,10 +43,16 @@ class TransportPool:
 
     def add_rentals(self, rentals: dict, errors: dict[str, str], providers, previous: dict[str, RunStatus]) -> None:
         self._rentals, self._provider_errors, self._providers = rentals, errors, providers
+        self._recorded: dict = {}
         for st in previous.values():
             r = st.handle.rental if st.handle is not None else None
-            if st.handle is not None and st.handle.machine in rentals and r and r.get("host_key"):
-                self._pinned.setdefault(st.handle.machine, r["host_key"])
+            m = st.handle.machine if st.handle is not None else None
+            if m and "/" in m and r and r.get("host_key"):
+                self._pinned.setdefault(m, r["host_key"])
+            # The endpoint a status recorded: used while the provider's inventory cannot be read
+            # (its API is down, its spec invalid), so runs there are still seen, not lost.
+            if m and r and r.get("host") and r.get("port") and st.phase not in TERMINAL:
+                self._recorded.setdefault(m, r)
 
     def machines(self, previous: dict[str, RunStatus]) -> list[str]:
         names = {LOCAL, *self._machines}
@@ -61,6 +67,14 @@ class TransportPool:
 
         provider = name.split("/", 1)[0]
         r = self._rentals.get(name)
+        spec = self._provider_specs.get(provider)
+        if r is None and provider in self._provider_errors and name in self._recorded:
+            rec = self._recorded[name]
+            from .observed import ObservedRental
+
+            r = ObservedRental(machine=name, provider=provider, id=rec.get("id", ""), name=rec.get("name", ""),
+                               state="running", identity="", host=rec["host"], port=rec["port"], user=rec.get("user"),
+                               workspace_root=rec.get("workspace_root"), host_key=rec.get("host_key"))
         if r is None:
             if provider in self._provider_errors:
                 raise TemporaryError(f"rental {name}: the inventory of {provider} cannot be read "
@@ -68,26 +82,36 @@ class TransportPool:
             raise PermanentError(f"rental {name} is gone from {provider}'s inventory")
         if r.state != "running" or not (r.host and r.port):
             raise TemporaryError(f"rental {name} is {r.state}, not running")
-        spec = self._provider_specs.get(provider)
-        if spec is None:
-            raise PermanentError(f"rental {name}: provider {provider} is no longer defined")
-        ssh = spec.spec.ssh
+        if spec is not None:
+            ssh = spec.spec.ssh
+        elif name in self._recorded:  # its provider's spec is invalid: what the status recorded
+            from .spec.models import RentalSsh
+
+            rec = self._recorded[name]
+            ssh = RentalSsh.model_construct(**{**RentalSsh().model_dump(), **{
+                k: rec[k] for k in ("user", "identity_file", "workspace_root") if rec.get(k)}})
+        else:
+            raise TemporaryError(f"rental {name}: provider {provider} is not defined (or its spec is invalid)")
         key = self._pinned.get(name) or r.host_key or self.first_keys.get(name)
-        identity = self._providers.identity_file(provider) if self._providers is not None else ssh.identity_file
+        identity = ssh.identity_file
+        if spec is not None and self._providers is not None:
+            identity = self._providers.identity_file(provider)
         endpoint = SshEndpoint.model_construct(host=r.host, port=r.port, user=r.user or ssh.user,
                                                identity_file=identity, host_key=key)
         machine = Machine.model_construct(name=name, ssh=endpoint, connect="ssh", tunnel_port=None,
                                           foreign_gpus="ignore", workspace_root=r.workspace_root or ssh.workspace_root,
-                                          docker_host=None, python=ssh.python, max_tasks=1, labels={})
+                                          docker_host=getattr(ssh, "docker_host", None), python=ssh.python,
+                                          max_tasks=1, labels={})
         root = machine.workspace_root.rstrip("/") + "/" + self.cfg.repo_namespace
-        return MachineInfo(name, root, python=ssh.python, fleet_machine=machine,
-                           source=self._source.get(id(spec)) or f"provider {provider}")
+        return MachineInfo(name, root, docker_host=getattr(ssh, "docker_host", None), python=ssh.python,
+                           fleet_machine=machine,
+                           source=(self._source.get(id(spec)) if spec is not None else None) or f"provider {provider}")
 
     def rental_key(self, name: str) -> str | None:
         """The host key a rental is pinned to now (None: not a rental, or not met yet)."""
         r = self._rentals.get(name)
         if r is None:
-            return None
+            return self._pinned.get(name)
         return self._pinned.get(name) or r.host_key or self.first_keys.get(name)
 
     def info(self, name: str) -> MachineInfo:

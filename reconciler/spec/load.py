@@ -308,6 +308,8 @@ class DesiredState:
     templates: dict[str, ExecutionTemplate] = field(default_factory=dict)
     fleets: dict[str, Fleet] = field(default_factory=dict)
     providers: dict[str, Provider] = field(default_factory=dict)
+    # Providers whose file is there but invalid: their rentals are left alone until it is fixed.
+    invalid_providers: dict[str, str] = field(default_factory=dict)
     invalid: dict[str, str] = field(default_factory=dict)  # run name (a DNS label, always) → first message
     diagnostics: list[Diagnostic] = field(default_factory=list)
     files: list[SpecFile] = field(default_factory=list)
@@ -352,6 +354,8 @@ def load_tree(root: Path, cache: SpecCache | None = None, only: set[Path] | None
             # Keyed by a DNS label only (see SpecFile.name_hint): the key becomes status/<key>.yaml.
             if f.kind in (None, "Run") and f.rel.startswith("specs" + os.sep) and is_dns_label(f.name_hint):
                 desired.invalid.setdefault(f.name_hint, diags[0].text() if diags else "invalid")
+            elif f.kind == "Provider" and is_dns_label(f.name_hint):
+                desired.invalid_providers.setdefault(f.name_hint, diags[0].text() if diags else "invalid")
             continue
         if isinstance(f.obj, Run):
             desired.runs[f.obj.metadata.name] = RunEntry(f.obj, f.rel, run_digest(f.obj))

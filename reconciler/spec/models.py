@@ -601,6 +601,8 @@ class RentalSsh(Strict):
                                 "to the login's home, or absolute).")
     python: str | None = Field(None, description="Python for ms-swift tasks on the rental.",
                                examples=["/opt/swift/bin/python"])
+    docker_host: str | None = Field(None, description="DOCKER_HOST on the rental, for docker launches, when not "
+                                    "the default socket.", examples=["unix:///run/docker.sock"])
 
 
 class LocalProviderSettings(Strict):

@@ -15,6 +15,9 @@ from tests.world import TEMPLATES, World
 RENTAL_TEMPLATES = {
     "rental-host": {"placement": {"kind": "rental"}, "launch_mode": {"kind": "host_process"},
                     "allow_overrides": ["target", "resources", "runtime_env"]},
+    "rental-docker": {"placement": {"kind": "rental"}, "launch_mode": {"kind": "docker", "network": "none"},
+                      "defaults": {"image": "reconciler-test/busybox:latest"},
+                      "allow_overrides": ["target", "resources", "runtime_env", "image"]},
 }
 
 

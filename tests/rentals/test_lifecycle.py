@@ -142,3 +142,13 @@ def test_the_rentals_command_lists_and_reaps(rental_world) -> None:
     reaped = json.loads(reconcile_cli(w.repo, "rentals", "--reap", "--json", env=env).stdout)
     assert [r["machine"] for r in reaped["reaped"]] == [f"local/{orphan.id}"]
     assert w.rentals() == []
+
+
+def test_a_docker_run_on_a_rental(rental_world, dockerd) -> None:
+    w = rental_world(ssh={"docker_host": dockerd.host})
+    w.add_run(run_spec("boxed", "rental-docker", ["sh", "-c", "echo in a box on a rental"]))
+    st = w.until("boxed", lambda s: s.phase == "Succeeded", timeout=60)
+    assert st.handle.container == "boxed-g1-a1" and st.handle.machine.startswith("local/")
+    assert (w.bundle("boxed-g1-a1") / "artifacts" / "stdout.log").read_text() == "in a box on a rental\n"
+    assert dockerd.docker("ps", "-aq", "--filter", "name=boxed-g1-a1").stdout.strip() == ""
+    w.until("boxed", lambda s: w.rentals() == [])

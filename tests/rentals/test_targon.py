@@ -72,3 +72,28 @@ def test_429_storms_are_waited_out_and_500_storms_leave_the_run_waiting(targon) 
     assert st.phase == "Succeeded"
     assert rec.providers.get("targon").client.throttled == 5 and fake.chaos.queue == []
     assert fake.calls("POST", "/tha/v2/workloads") == 2  # one rental: create + deploy
+
+
+def test_a_run_is_still_followed_while_the_api_is_down_or_the_provider_spec_invalid(targon) -> None:
+    w, fake = targon
+    w.add_run(run_spec("t3", "rental-host", ["sleep", "60"]))
+    st = w.until("t3", lambda s: s.phase == "Running")
+    uid = st.handle.rental["id"]
+    assert st.handle.rental["host"] == "127.0.0.1" and st.handle.rental["port"] == fake.machines[uid]["port"]
+    rec = w.reconciler()
+    fake.chaos.storm(500, 100)
+    result = rec.run_pass()  # the inventory fails: the recorded endpoint is used
+    assert result.world.provider_errors and result.world.machines[f"targon/{uid}"].reachable
+    assert result.world.find("t3-g1-a1").alive and result.plan.for_run("t3").action == "none"
+    fake.chaos.queue.clear()
+    path = w.repo / "specs" / "providers" / "targon.yaml"
+    good = path.read_text()
+    path.write_text(good.replace("type: targon", "type: targon\n  colour: blue"))  # unknown key: invalid
+    w.commit("break the provider")
+    result = rec.run_pass()
+    assert "invalid" in result.world.provider_errors["targon"]
+    assert result.world.find("t3-g1-a1").alive and w.status("t3").phase == "Running"
+    assert not [c for c in result.plan.changes if c.action == "release"] and uid in fake.machines
+    path.write_text(good)
+    w.commit("fix the provider")
+    assert rec.run_pass().plan.for_run("t3").action == "none"
