@@ -35,6 +35,7 @@ COMMANDS = {
     "status": "the runs' status, as a table or JSON",
     "logs": "a run's stdout and stderr, wherever it runs",
     "provenance": "what a run was made of, or --diff what differs from another run",
+    "explain": "why a run is placed where it is, or why it waits: every machine and offer considered",
     "rentals": "this repository's rented machines: provider, run, state, price, cost; --reap gives back orphans "
                "and idle ones",
     "config": "the effective configuration as JSON, secrets redacted",
@@ -43,7 +44,7 @@ COMMANDS = {
              "authorize prints what that host must allow",
 }
 SUBCOMMANDS = tuple(COMMANDS)
-LOOP = ("plan", "status", "logs", "provenance", "config", "rentals")  # the commands that read the loop's configuration
+LOOP = ("plan", "status", "logs", "provenance", "config", "rentals", "explain")  # the commands that read the loop's configuration
 SHELLS = ("bash", "zsh", "fish")
 
 # Where each global option applies: command names, "once" (--once) and "daemon" (no command, no --once).
@@ -278,6 +279,9 @@ def _build_command(p: argparse.ArgumentParser, name: str) -> None:
         name_arg.completer = _run_names
         p.add_argument("--diff", metavar="OTHER", help="compare with another run or identity (exit 1 if they differ)")
         _add_command_globals(p, name, json="--diff as JSON (the manifest is JSON either way)")
+    elif name == "explain":
+        p.add_argument("name", metavar="NAME", help="a run").completer = _run_names
+        _add_command_globals(p, name)
     elif name == "rentals":
         p.add_argument("--reap", action="store_true", help="give back what a pass would: orphans past their grace, "
                        "idle rentals past idle, failed ones")

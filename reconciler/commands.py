@@ -34,6 +34,8 @@ def run(name: str, args: argparse.Namespace) -> int:
         return cmd_logs(args)
     if name == "rentals":
         return cmd_rentals(args)
+    if name == "explain":
+        return cmd_explain(args)
     if name == "config":
         cfg = _cfg(args)
         print(json.dumps(cfg.redacted(), indent=2, sort_keys=True))  # JSON with or without --json
@@ -211,6 +213,56 @@ def cmd_machines(args: argparse.Namespace) -> int:
     widths = [max(len(t[i]) for t in table) for i in range(4)]
     for t in table:
         print("  ".join(t[i].ljust(widths[i]) for i in range(4)) + "  " + t[4])
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    """What a pass would decide for the run now (a dry run: nothing is changed), every machine and
+    offer it considered and why, its priority and team, and the decision its status recorded."""
+    from .loop import Reconciler
+    from .quota import Quotas, priority_of
+
+    cfg = _cfg(args)
+    _require_specs(cfg)
+    rec = Reconciler(cfg)
+    result = rec.run_pass(dry_run=True)
+    desired = result.desired
+    change = result.plan.for_run(args.name)
+    st = statuses.load_one(cfg.repo / "status", args.name)
+    if change is None and st is None:
+        raise UsageError(f"no run named {args.name!r} (no spec, no status)")
+    entry = desired.runs.get(args.name)
+    value, cls = priority_of(desired, entry)
+    q = Quotas.build(desired, result.world, {})
+    team = q.team(args.name)
+    doc = {"name": args.name, "now": None, "priority": {"class": cls or None, "value": value}, "team": team,
+           "recorded": st.placement if st is not None else None}
+    if change is not None:
+        doc["now"] = {"action": change.action, "code": change.code, "reason": change.reason,
+                      "machine": change.machine, "rental": change.rental, "considered": change.considered}
+    if args.json:
+        print(json.dumps(doc, indent=2, sort_keys=True))
+        return 0
+    if change is not None:
+        where = f" on {change.machine}" if change.machine else ""
+        if change.rental and change.action == "provision":
+            where = f" renting {change.rental['provider']}/{change.rental['offer']} at {change.rental['price_per_hour']:g}/h"
+        print(f"{args.name}: {change.action}{where} ({change.code})")
+        print(f"  {change.reason}")
+        if change.considered:
+            print("  considered:")
+            for line in change.considered:
+                print(f"    {line}")
+    print(f"  priority: {cls or 'none'} ({value})" + (f"; team: {team}" if team else ""))
+    if team and q.limits(team) is not None:
+        used = q.usage.get(team, [0.0, 0.0])
+        lim = q.limits(team)
+        print(f"  team {team} now holds {used[0]:g} GPU(s)" + (f" of {lim.maxGpus}" if lim.maxGpus is not None else "")
+              + f", rents {used[1]:g}/h" + (f" of {lim.maxPricePerHour:g}/h" if lim.maxPricePerHour is not None else ""))
+    if st is not None and st.placement:
+        print(f"  recorded at the last decision ({st.placement.get('action')}, {st.placement.get('code')}):")
+        for line in st.placement.get("considered", []):
+            print(f"    {line}")
     return 0
 
 

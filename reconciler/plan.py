@@ -79,6 +79,7 @@ class Change:
     # for, launched on or released; a launch adds ``verify`` (the offer's GPUs, checked first).
     rental: dict | None = None
     checkpoint: str | None = None  # save: the workspace-relative checkpoint folder to copy off the machine
+    considered: list[str] = field(default_factory=list)  # placement: every machine or offer judged, and why
 
     @property
     def mutates(self) -> bool:
@@ -250,12 +251,16 @@ def make_plan(desired: DesiredState, world: ObservedWorld, previous: dict[str, R
     plan = Plan(at=now)
     slots = _slots(desired, world, settings)
     book = RentalBook(desired, world, previous, now, settings.namespace, settings.bad_offers, settings.spend)
+    from .quota import Quotas, placement_order
+
+    book.quotas = Quotas.build(desired, world, previous) if desired.policy is not None else None
     names = sorted((set(desired.runs) | set(desired.invalid) | set(previous)) - settled)
     # An invalid spec protects everything its run has on the machines: nothing is fenced, collected
     # or cleaned until the spec is fixed (or removed).
     invalid = {n for n in desired.invalid if n not in desired.runs}
-    # Runs already holding a slot keep it; launches are placed in name order for stable plans.
-    for name in names:
+    # Runs already holding a slot keep it; launches are placed by priority (then first come, first
+    # served, with a Policy; then by name), and the plan lists every run in name order.
+    for name in placement_order(desired, names, previous):
         prev = previous.get(name)
         if name in invalid:
             plan.changes.append(_invalid(name, desired.invalid[name], prev, world))
@@ -266,6 +271,8 @@ def make_plan(desired: DesiredState, world: ObservedWorld, previous: dict[str, R
             continue
         plan.changes.extend(_running(name, entry, prev, world, desired, slots, settings, now,
                                      missing_secrets.get(name, []), book))
+    position = {n: i for i, n in enumerate(names)}
+    plan.changes.sort(key=lambda c: position.get(c.name, len(position)))  # stable: a run's own order kept
     by_run = {c.name: c for c in plan.changes if c.phase is not None} if missing_secrets else {}
     for name, secrets in sorted(missing_secrets.items()):
         entry, change = desired.runs.get(name), by_run.get(name)
@@ -458,14 +465,32 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
             # staged by a pass that died) resumes like the pass that decided it would have.
             resume_from = make(name, gen, next_attempt - 1)
         template = desired.templates[entry.run.spec.template]
+        eff = effective(entry.run, template)
+        quotas = getattr(book, "quotas", None)
+        nbase = dict(base, attempt=next_attempt)
+        if quotas is not None:
+            over = quotas.exceeded(name, eff.resources.gpu_count)
+            if over:
+                return [Change(name, "wait", "QuotaExceeded", over, "Pending", identity=make(name, gen, next_attempt),
+                               kill=stale, retry_after=60.0, **nbase)]
         if template.placement.kind == "rental" and book is not None:
             from .rental_plan import place_rental
 
             action = "relaunch" if (stale or code in ("Relaunch", "SpecChanged", "GenerationTaken")) else "launch"
-            return place_rental(book, name, entry, effective(entry.run, template), prev, make(name, gen, next_attempt),
-                                action, code, why, stale, dict(base, attempt=next_attempt), resume_from)
-        return [_place(name, entry, desired, slots, make(name, gen, next_attempt), code, why, stale,
-                       dict(base, attempt=next_attempt), resume_from)]
+            out = place_rental(book, name, entry, eff, prev, make(name, gen, next_attempt),
+                               action, code, why, stale, nbase, resume_from)
+        else:
+            out = _place(name, entry, desired, slots, make(name, gen, next_attempt), code, why, stale,
+                         nbase, resume_from, book)
+        c = out[-1]
+        if quotas is not None and c.action in ("launch", "relaunch", "provision"):
+            gpus = eff.resources.gpu_count
+            if c.rental and c.action == "provision":
+                from .quota import _offer_gpus
+
+                gpus = _offer_gpus(desired, c.rental.get("provider"), c.rental.get("offer")) or gpus
+            quotas.add(name, gpus, (c.rental or {}).get("price_per_hour") or 0.0 if c.action == "provision" else 0.0)
+        return out
 
     handle_ident = prev.handle.identity if prev and prev.handle else None
     if obs is not None and obs.state == "staged":
@@ -617,25 +642,48 @@ def _backend(entry: RunEntry, desired: DesiredState) -> str | None:
     return t.backend_key if t else None
 
 
-def _place(name, entry, desired, slots, ident, code, why, stale, base, resume_from) -> Change:
+def _place(name, entry, desired, slots, ident, code, why, stale, base, resume_from, book=None) -> list[Change]:
+    """Owned machines: every candidate is judged (the explanation lists them all); among those
+    with room, a GPU run goes where the fewest matching GPUs stay free (packing keeps whole
+    machines free for big runs), others where the fewest tasks run; then by name. With
+    ``fallback: rental`` a run no owned machine has room for now rents one."""
     template = desired.templates[entry.run.spec.template]
     eff = effective(entry.run, template)
     res = eff.resources
     candidates = _candidates(slots, eff.placement, eff.target)
     action = "relaunch" if (stale or code in ("Relaunch", "SpecChanged", "GenerationTaken")) else "launch"
-    if not candidates:
-        return Change(name, "wait", "NoMachine", f"no machine matches target {eff.target!r}", "Pending",
-                      identity=ident, kill=stale, retry_after=60.0, **base)
-    reasons = []
-    for slot in sorted(candidates, key=lambda s: (s.tasks, s.name)):
+    fallback = template.placement.fallback == "rental" and book is not None
+    if not candidates and not fallback:
+        return [Change(name, "wait", "NoMachine", f"no machine matches target {eff.target!r}", "Pending",
+                       identity=ident, kill=stale, retry_after=60.0, **base)]
+    rejected, fitting = [], []
+    for slot in candidates:
         problem = slot.why_not(res.gpu_count, res.gpu_type)
         if problem is None:
-            gpus = slot.take(res.gpu_count, res.gpu_type)
-            return Change(name, action, code, why, "Running", identity=ident, machine=slot.name,
-                          backend=eff.backend, gpus=gpus, kill=stale, resume_from=resume_from, **base)
-        reasons.append(f"{slot.name}: {problem}")
-    return Change(name, "wait", "NoCapacity", "no capacity: " + "; ".join(reasons), "Pending",
-                  identity=ident, kill=stale, retry_after=30.0, **base)
+            left = len(slot._free(res.gpu_type)) - res.gpu_count
+            fitting.append(((left, slot.tasks, slot.name) if res.gpu_count else (slot.tasks, slot.name), slot))
+        else:
+            rejected.append(f"{slot.name}: {problem}")
+    rejected.sort()
+    if fitting:
+        fitting.sort(key=lambda x: x[0])
+        slot = fitting[0][1]
+        gpus = slot.take(res.gpu_count, res.gpu_type)
+        considered = [f"{slot.name}: chosen" + (f" (owned; {fitting[0][0][0]} matching GPU(s) left free)"
+                                                if res.gpu_count else f" (owned; {slot.tasks - 1} other task(s))")]
+        considered += [f"{s.name}: fits, ranked lower" for _, s in fitting[1:]] + rejected
+        return [Change(name, action, code, why, "Running", identity=ident, machine=slot.name,
+                       backend=eff.backend, gpus=gpus, kill=stale, resume_from=resume_from, considered=considered,
+                       **base)]
+    if fallback:
+        from .rental_plan import place_rental
+
+        out = place_rental(book, name, entry, eff, book.previous.get(name), ident, action, code, why, stale, base,
+                           resume_from, target_any=True)
+        out[-1].considered = rejected + ["owned machines are full: renting"] + out[-1].considered
+        return out
+    return [Change(name, "wait", "NoCapacity", "no capacity: " + "; ".join(rejected), "Pending",
+                   identity=ident, kill=stale, retry_after=30.0, considered=rejected, **base)]
 
 
 def _accounted(plan: Plan) -> set[str]:

@@ -84,13 +84,15 @@ class RentalBook:
 
 
 def place_rental(book: RentalBook, name: str, entry, eff, prev: RunStatus | None, ident: str, action: str,
-                 code: str, why: str, stale: list, base: dict, resume_from: str | None) -> list:
+                 code: str, why: str, stale: list, base: dict, resume_from: str | None,
+                 target_any: bool = False) -> list:
     from .plan import Change
 
     res = eff.resources
-    providers = {n: p for n, p in book.desired.providers.items() if eff.target is None or n == eff.target}
+    target = None if target_any else eff.target  # an ssh template's fallback: its target names a fleet
+    providers = {n: p for n, p in book.desired.providers.items() if target is None or n == target}
     if not providers:
-        return [Change(name, "wait", "NoProvider", f"no Provider named {eff.target!r}" if eff.target
+        return [Change(name, "wait", "NoProvider", f"no Provider named {target!r}" if target
                        else "no Provider is defined", "Pending", identity=ident, kill=stale, retry_after=60.0, **base)]
     side: list = []
 
@@ -143,8 +145,12 @@ def place_rental(book: RentalBook, name: str, entry, eff, prev: RunStatus | None
                 and book.world.machines.get(r.machine) is not None and book.world.machines[r.machine].reachable):
             warm.append((offer_key(r.provider, offer), r.machine, r))
     if warm:
-        r = min(warm)[2]
-        return launch_on(r, f"on warm rental {r.machine} ({r.offer}, kept up after its last run)")
+        warm.sort()
+        r = warm[0][2]
+        out = launch_on(r, f"on warm rental {r.machine} ({r.offer}, kept up after its last run)")
+        out[-1].considered = [f"{r.machine}: chosen (warm rental, {r.offer} at {r.price_per_hour:g}/h)"] + [
+            f"{x.machine}: warm, ranked lower ({x.offer} at {x.price_per_hour:g}/h)" for _, _, x in warm[1:]]
+        return out
     # 3. a new rental
     cost = _so_far(prev, book.now)
     max_cost = entry.run.spec.maxCost
@@ -157,8 +163,13 @@ def place_rental(book: RentalBook, name: str, entry, eff, prev: RunStatus | None
         return side + [Change(name, "wait", "NoOffer", "no provider offer fits the run's resources", "Pending",
                               identity=ident, kill=stale, retry_after=300.0, **base)]
     blocked = []
+    quotas = getattr(book, "quotas", None)
     for _, pn, o in options:
         p = providers[pn]
+        over = quotas.exceeded(name, 0, o.price_per_hour) if quotas is not None else None
+        if over:
+            blocked.append(f"{pn}/{o.id}: {over}")
+            continue
         if pn in book.world.provider_errors:
             blocked.append(f"{pn}: inventory unknown ({book.world.provider_errors[pn]})")
             continue
@@ -181,16 +192,23 @@ def place_rental(book: RentalBook, name: str, entry, eff, prev: RunStatus | None
         n = 1 + max((r.n for r in book.world.rentals.values() if r.identity == ident), default=0)
         rname = rental_name(book.namespace, ident, n)
         book.planned.append((pn, o.price_per_hour))
+        considered = blocked + [f"{pn}/{o.id}: chosen (cheapest that fits and is allowed, {o.price_per_hour:g}/h)"]
+        considered += [f"{qn}/{q.id}: fits, ranked lower ({q.price_per_hour:g}/h)" for _, qn, q in options
+                       if (qn, q.id) != (pn, o.id) and not any(b.startswith(f"{qn}/{q.id}:") or b.startswith(f"{qn}:")
+                                                               for b in blocked)]
         return side + [Change(name, "provision", "Provision",
                               f"{why}; renting {o.id} from {pn} ({o.price_per_hour:g}/h)",
-                              "Provisioning", identity=ident, kill=stale, retry_after=2.0,
+                              "Provisioning", identity=ident, kill=stale, retry_after=2.0, considered=considered,
                               rental={"provider": pn, "id": None, "name": rname, "offer": o.id,
                                       "price_per_hour": o.price_per_hour}, **base)]
     code = "BudgetReached" if any("budget" in b or "maxPricePerHour" in b for b in blocked) else "RentalLimit"
     if all("inventory unknown" in b for b in blocked):
         code = "ProviderUnavailable"
+    elif all("team " in b for b in blocked):
+        code = "QuotaExceeded"
     return side + [Change(name, "wait", code, "no rental: " + "; ".join(blocked), "Pending", identity=ident,
-                          kill=stale, retry_after=60.0 if code == "ProviderUnavailable" else 300.0, **base)]
+                          kill=stale, retry_after=60.0 if code == "ProviderUnavailable" else 300.0,
+                          considered=blocked, **base)]
 
 
 def _release(book: RentalBook, r: ObservedRental, who: str, code: str, why: str):

@@ -79,6 +79,9 @@ class RunStatus(Lenient):
     # What the run's machine costs, for rented machines: {price_per_hour, so_far} (currency of the
     # provider's prices). Shown by the ledger and the live page when present.
     cost: dict[str, Any] | None = None
+    # The last placement decision: {action, code, considered: ["<machine or offer>: <verdict>", ...]}
+    # (`reconcile explain NAME` shows it with the decision a pass would take now).
+    placement: dict[str, Any] | None = None
     exit_code: int | None = None
     message: str = ""
     retry_at: str | None = None
@@ -115,7 +118,7 @@ def parse_iso(text: str | None) -> float | None:
 # ---------------------------------------------------------------- files
 
 _ORDER = ["apiVersion", "kind", "name", "phase", "generation", "attempt", "message", "exit_code", "retry_at",
-          "spec", "handle", "cost", "conditions", "progress", "loss_curve", "artifacts", "provenance", "history",
+          "spec", "handle", "cost", "placement", "conditions", "progress", "loss_curve", "artifacts", "provenance", "history",
           "observed_at"]
 CURVE_POINTS = 120
 
@@ -438,6 +441,8 @@ def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_com
             st.handle.pid = st.handle.pid or obs.pid
         _conditions(st, change, now)
     _rental_status(st, change, outcome, now)
+    if getattr(change, "considered", None) and change.phase is not None and (outcome is None or outcome.ok):
+        st.placement = {"action": change.action, "code": change.code, "considered": list(change.considered[:20])}
     if outcome is not None and outcome.ok and outcome.manifest is not None:
         arts = outcome.manifest.get("artifacts", [])
         st.artifacts = [{"path": a["path"], "size": a["size"]} for a in arts[:30]]

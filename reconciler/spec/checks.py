@@ -118,7 +118,7 @@ def cross_checks(root: Path, files: list, locator, given: set[str] | None = None
         _check_template(f, add)
 
     by_name: dict[tuple[str, str], Any] = {}
-    for f in sorted((f for f in checked if f.kind in ("Run", "Fleet", "Provider")), key=lambda f: f.rel in given):
+    for f in sorted((f for f in checked if f.kind in ("Run", "Fleet", "Provider", "Policy")), key=lambda f: f.rel in given):
         name = _at(f.data, "metadata", "name")
         if not is_dns_label(name):
             continue
@@ -134,9 +134,19 @@ def cross_checks(root: Path, files: list, locator, given: set[str] | None = None
     # that failed its schema: the runs that use it must not pass.
     invalid_templates = {f.rel for f in template_files if f.diags or out.get(f.rel)}
     providers = {name: f for (kind, name), f in by_name.items() if kind == "Provider"}
+    policies = sorted((f for f in checked if f.kind == "Policy"), key=lambda f: f.rel)
+    for extra in policies[1:]:
+        add(extra, ("kind",), f"a repository has one Policy; {policies[0].rel} is it")
+    classes = None
+    if policies:
+        classes = {c.get("name") for c in _list(_at(policies[0].data, "spec", "priorityClasses")) if isinstance(c, dict)}
     for f in checked:
         if f.kind == "Run":
             _check_run(root, f, lookup, add, invalid_templates, providers)
+            prio = _at(f.data, "spec", "priority")
+            if isinstance(prio, str) and prio not in (classes or set()):
+                known = ", ".join(sorted(c for c in classes or () if isinstance(c, str))) or "none: no Policy defines any"
+                add(f, ("spec", "priority"), f"priority class '{prio}' is not defined (known: {known})")
 
     machines: dict[str, Any] = {}
     for f in sorted((f for f in checked if f.kind == "Fleet"), key=lambda f: f.rel in given):

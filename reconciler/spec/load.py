@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 from ..diagnostics import Diagnostic, relpath
 from . import yamlsafe
 from .checks import secret_values
-from .models import DNS_LABEL, KINDS, ExecutionTemplate, Fleet, Provider, Run, is_dns_label
+from .models import DNS_LABEL, KINDS, ExecutionTemplate, Fleet, Policy, Provider, Run, is_dns_label
 
 SPEC_DIRS = ("specs", "execution_templates")
 
@@ -308,6 +308,7 @@ class DesiredState:
     templates: dict[str, ExecutionTemplate] = field(default_factory=dict)
     fleets: dict[str, Fleet] = field(default_factory=dict)
     providers: dict[str, Provider] = field(default_factory=dict)
+    policy: Policy | None = None
     # Providers whose file is there but invalid: their rentals are left alone until it is fixed.
     invalid_providers: dict[str, str] = field(default_factory=dict)
     invalid: dict[str, str] = field(default_factory=dict)  # run name (a DNS label, always) → first message
@@ -317,7 +318,7 @@ class DesiredState:
 
 # Fields added to RunSpec after runs were launched under it: left out of the digest while unset,
 # so that upgrading the reconciler does not relaunch every run as a new generation.
-ADDED_LATER = ("maxCost",)
+ADDED_LATER = ("maxCost", "priority")
 
 
 def run_digest(run: Run) -> str:
@@ -365,6 +366,8 @@ def load_tree(root: Path, cache: SpecCache | None = None, only: set[Path] | None
             desired.fleets[f.obj.metadata.name] = f.obj
         elif isinstance(f.obj, Provider):
             desired.providers[f.obj.metadata.name] = f.obj
+        elif isinstance(f.obj, Policy):
+            desired.policy = f.obj
     if wanted is not None:
         desired.diagnostics = [d for d in desired.diagnostics if d.path in wanted]
     desired.diagnostics.sort()

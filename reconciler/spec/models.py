@@ -368,6 +368,9 @@ class RunSpec(Strict):
     )
     stall: Stall | None = Field(None, description="Optional: no progress for stall.afterSeconds sets the Stalled "
                                 "condition (or terminates the run).")
+    priority: Annotated[str, Field(pattern=DNS_LABEL, json_schema_extra={"patternErrorMessage": DNS_LABEL_MESSAGE})] | None = Field(
+        None, description="Priority class (defined in the Policy): higher classes are placed first. Unset: the "
+                          "Policy's default class.", examples=["urgent"])
     maxCost: float | None = Field(None, ge=0, description="Rental placement: what the run's rentals may cost in "
                                   "all (status cost.so_far); reached, no new rental is provisioned for it.",
                                   examples=[50])
@@ -391,6 +394,15 @@ class Placement(Strict):
     kind: Literal["local", "ssh", "rental"] = Field(
         description="local: this machine; ssh: a machine of a Fleet; rental: a machine rented from a Provider "
                     "for the run (the cheapest offer that fits its resources), given back when it ends.")
+    fallback: Literal["rental"] | None = Field(
+        None, description="ssh placement only: when no fleet machine has room now, rent one (from any Provider; "
+                          "the cheapest offer that fits). A run that fits a free fleet machine never rents.")
+
+    @model_validator(mode="after")
+    def _fallback(self):
+        if self.fallback is not None and self.kind != "ssh":
+            raise ValueError("fallback: rental is for ssh placement (in-house first, then rented)")
+        return self
 
 
 class LaunchMode(Strict):
@@ -690,5 +702,54 @@ class Provider(Strict):
     spec: ProviderSpec = Field(description="The provider's account, catalog and limits.")
 
 
+# ---------------------------------------------------------------- policy
+
+
+class PriorityClass(Strict):
+    """A named priority: runs of higher classes are placed first."""
+
+    name: str = Field(pattern=DNS_LABEL, max_length=DNS_LABEL_MAX, description="What runs name in spec.priority.",
+                      examples=["urgent"], json_schema_extra={"patternErrorMessage": DNS_LABEL_MESSAGE})
+    value: int = Field(ge=-1000000, le=1000000, description="Higher is placed first.", examples=[1000])
+    default: bool = Field(False, description="The class of runs that name none (at most one class).")
+
+
+class TeamQuota(Strict):
+    """What one team's runs may hold at once."""
+
+    name: str = Field(min_length=1, description="The team: the value of the runs' team label.", examples=["nlp"])
+    maxGpus: int | None = Field(None, ge=0, description="GPUs held at once by the team's live runs.", examples=[8])
+    maxPricePerHour: float | None = Field(None, ge=0, description="Sum of the hourly prices of the rentals the "
+                                          "team's live runs hold.", examples=[20])
+
+
+class PolicySpec(Strict):
+    """Priorities and quotas for every run of the repository."""
+
+    teamLabel: str = Field("team", min_length=1, description="The run label that names a run's team.")
+    priorityClasses: list[PriorityClass] = Field(default_factory=list, description="Named priorities.")
+    teams: list[TeamQuota] = Field(default_factory=list, description="Per-team limits; a team not listed has none.")
+
+    @model_validator(mode="after")
+    def _unique(self):
+        for what, names in (("priority class", [c.name for c in self.priorityClasses]),
+                            ("team", [t.name for t in self.teams])):
+            dup = sorted({n for n in names if names.count(n) > 1})
+            if dup:
+                raise ValueError(f"{what} {', '.join(dup)} listed twice")
+        if sum(c.default for c in self.priorityClasses) > 1:
+            raise ValueError("more than one priority class is the default")
+        return self
+
+
+class Policy(Strict):
+    """Priorities and team quotas: policy as code, validated in the pull request."""
+
+    apiVersion: Literal["reconciler/v1"] = Field(description="Version of the spec language.")
+    kind: Literal["Policy"] = Field(description="What this file describes: priorities and quotas.")
+    metadata: Metadata = Field(description="The policy's name (its file name); one Policy per repository.")
+    spec: PolicySpec = Field(description="Priority classes and team quotas.")
+
+
 KINDS: dict[str, type[BaseModel]] = {"Run": Run, "ExecutionTemplate": ExecutionTemplate, "Fleet": Fleet,
-                                     "Provider": Provider}
+                                     "Provider": Provider, "Policy": Policy}

@@ -51,7 +51,8 @@ from .models import (
     SwiftSftTask,
 )
 
-FILE_NAMES = {"Run": "run", "ExecutionTemplate": "execution-template", "Fleet": "fleet", "Provider": "provider"}
+FILE_NAMES = {"Run": "run", "ExecutionTemplate": "execution-template", "Fleet": "fleet", "Provider": "provider",
+              "Policy": "policy"}
 COMBINED = "reconciler.schema.json"
 SCHEMA_BASE = "https://reconciler.dev/schemas/v1/"
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -365,9 +366,9 @@ def _combined_schema() -> dict:
     return {
         "$schema": DRAFT,
         "$id": SCHEMA_BASE + COMBINED,
-        "title": "Run, ExecutionTemplate, Fleet or Provider",
+        "title": "Run, ExecutionTemplate, Fleet, Provider or Policy",
         "description": "Any object of the reconciler's spec language, chosen by its kind: a Run, an "
-                       "ExecutionTemplate, a Fleet or a Provider. One schema for specs/** and "
+                       "ExecutionTemplate, a Fleet, a Provider or a Policy. One schema for specs/** and "
                        "execution_templates/**.",
         "type": "object",
         "required": ["apiVersion", "kind"],
@@ -375,7 +376,8 @@ def _combined_schema() -> dict:
             "apiVersion": {"const": "reconciler/v1", "description": "Version of the spec language."},
             "kind": {"enum": kinds, "description": "What this file describes: Run (a training run), "
                                                    "ExecutionTemplate (how and where runs execute), Fleet "
-                                                   "(registered machines) or Provider (rented machines)."},
+                                                   "(registered machines), Provider (rented machines) or "
+                                                   "Policy (priorities and quotas)."},
         },
         "allOf": [_if_then(_tagged("kind", kind), {"$ref": REF + kind})
                   for kind in kinds],

@@ -211,7 +211,7 @@ def test_fleet_rules() -> None:
 
 
 def test_kinds() -> None:
-    assert set(KINDS) == {"Run", "ExecutionTemplate", "Fleet", "Provider"}
+    assert set(KINDS) == {"Run", "ExecutionTemplate", "Fleet", "Provider", "Policy"}
     for kind, model in KINDS.items():
         assert model.model_fields["kind"].annotation.__args__ == (kind,)
         assert model.model_fields["apiVersion"].annotation.__args__ == ("reconciler/v1",)

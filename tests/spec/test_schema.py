@@ -247,7 +247,7 @@ def _properties(node, where: str = "") -> list[tuple[str, dict]]:
 def test_every_property_is_described(name: str) -> None:
     """Hover and completion in an editor show a property's description: none goes without one."""
     props = _properties(json.loads(schema.generate()[name]))
-    assert len(props) > 20
+    assert len(props) > 10  # the walk found the properties (the smallest schema, Policy, has 16)
     missing = [where for where, sub in props if not sub.get("description")]
     assert missing == [], f"{len(missing)} of {len(props)} properties have no description: {missing}"
 
