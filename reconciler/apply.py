@@ -99,7 +99,7 @@ def _one(c: Change, ctx: ApplyContext) -> Outcome:
         for k in c.kill:
             t = ctx.transport_for(k.machine)
             ws = k.workspace or t.workspace(k.identity)
-            done = launchers.terminate(t, k.identity, ws, ctx.terminate_grace)
+            done = launchers.terminate(t, k.identity, ws, ctx.terminate_grace if k.grace is None else k.grace)
             if done.get("error"):
                 raise TemporaryError(f"cannot stop {k.identity} on {k.machine}: {done['error']}")
             out.killed.append(k.identity)

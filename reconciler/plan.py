@@ -29,10 +29,11 @@ The rules, per run:
 
 from __future__ import annotations
 
+import heapq
 import json
 from dataclasses import asdict, dataclass, field
 
-from .identity import make, parse
+from .identity import make, parse  # noqa: F401
 from .observed import ObservedRun, ObservedWorld
 from .spec.load import DesiredState, RunEntry
 from .spec.resolve import effective
@@ -48,6 +49,7 @@ class Kill:
     machine: str
     identity: str
     workspace: str | None = None
+    grace: float | None = None  # seconds from SIGTERM to SIGKILL (None: the configuration's terminate_grace)
 
 
 @dataclass
@@ -171,6 +173,23 @@ class Slot:
     error: str = ""
     draining: str | None = None  # drained from the machine itself (its reason)
     foreign_gpus: set[int] = field(default_factory=set)  # used by processes the reconciler did not start
+    _counts: dict = field(default_factory=dict, repr=False, compare=False)  # GPU type → free count (cache)
+
+    def free_count(self, gpu_type: str | None) -> int:
+        key = gpu_type.lower() if gpu_type else None
+        n = self._counts.get(key)
+        if n is None:
+            n = self._counts[key] = len(self._free(gpu_type))
+        return n
+
+    def available(self) -> bool:
+        """Takes new work at all: reachable, not drained or draining, below its task limit."""
+        return (self.reachable and self.max_tasks != 0 and self.draining is None
+                and (self.max_tasks is None or self.tasks < self.max_tasks))
+
+    def fits(self, gpu_count: int, gpu_type: str | None) -> bool:
+        """why_not(...) is None, without building a message."""
+        return self.available() and self.free_count(gpu_type) >= gpu_count
 
     def _free(self, gpu_type: str | None) -> list[int]:
         return [i for i, t in sorted(self.gpu_types.items())
@@ -196,6 +215,7 @@ class Slot:
         got = self._free(gpu_type)[:gpu_count]
         self.used_gpus.update(got)
         self.tasks += 1
+        self._counts.clear()
         return got
 
 
@@ -227,11 +247,89 @@ def _slots(desired: DesiredState, world: ObservedWorld, settings: PlanSettings) 
     return slots
 
 
-def _candidates(slots: dict[str, Slot], placement: str, target: str | None) -> list[Slot]:
+SHOWN = 8  # machines an explanation names one by one; the rest are counted
+
+
+class RoomIndex:
+    """Which candidate machines have room, by free GPUs of a type, so that placing a run costs a
+    few look-ups rather than a look at every machine: buckets of machines by free GPU count, each
+    a heap by (tasks, name); placing a run updates the one machine it took. The choice is the one
+    a scan of every machine would make: fewest matching GPUs left free, then fewest tasks, then
+    name (for a run without GPUs: fewest tasks, then name)."""
+
+    def __init__(self, candidates: list[Slot]):
+        self.candidates = candidates
+        self.members: dict = {}  # gpu type key → {free count → set of slot names}
+        self.heaps: dict = {}  # gpu type key → {free count → heap of (tasks, name, version)}
+        self.where: dict = {}  # (gpu type key, slot name) → its free count bucket
+        self.version: dict[str, int] = {}
+        self.by_name = {s.name: s for s in candidates}
+
+    def _built(self, key: str | None) -> None:
+        if key in self.members:
+            return
+        self.members[key], self.heaps[key] = {}, {}
+        for s in self.candidates:
+            self._add(key, s)
+
+    def _add(self, key, s: Slot) -> None:
+        if not s.available():
+            return
+        f = s.free_count(key)
+        self.members[key].setdefault(f, set()).add(s.name)
+        heapq.heappush(self.heaps[key].setdefault(f, []), (s.tasks, s.name, self.version.get(s.name, 0)))
+        self.where[(key, s.name)] = f
+
+    def best(self, gpu_type: str | None, count: int) -> Slot | None:
+        key = gpu_type.lower() if gpu_type else None
+        self._built(key)
+        found = None
+        for f in sorted(b for b in self.members[key] if b >= count and self.members[key][b]):
+            heap = self.heaps[key][f]
+            while heap:
+                tasks, name, ver = heap[0]
+                if ver != self.version.get(name, 0) or self.where.get((key, name)) != f:
+                    heapq.heappop(heap)  # an entry from before the machine last changed
+                    continue
+                cand = (tasks, name)
+                if found is None or cand < found[0]:
+                    found = (cand, self.by_name[name])
+                break
+            if found is not None and count:
+                break  # with GPUs, the fewest left free wins first
+        return found[1] if found is not None else None
+
+    def fitting(self, gpu_type: str | None, count: int) -> int:
+        key = gpu_type.lower() if gpu_type else None
+        self._built(key)
+        return sum(len(names) for f, names in self.members[key].items() if f >= count)
+
+    def fitting_names(self, gpu_type: str | None, count: int) -> list[str]:
+        key = gpu_type.lower() if gpu_type else None
+        self._built(key)
+        return sorted(n for f, names in self.members[key].items() if f >= count for n in names)
+
+    def changed(self, s: Slot) -> None:
+        self.version[s.name] = self.version.get(s.name, 0) + 1
+        for key in self.members:
+            old = self.where.pop((key, s.name), None)
+            if old is not None:
+                self.members[key][old].discard(s.name)
+            self._add(key, s)
+
+
+def _candidates(slots: dict[str, Slot], placement: str, target: str | None, cache: dict | None = None) -> list[Slot]:
+    """The machines a placement may use, by name (computed once per plan and request kind)."""
+    if cache is not None:
+        found = cache.get((placement, target))
+        if found is None:
+            found = cache[(placement, target)] = _candidates(slots, placement, target)
+        return found
     if placement == "local":
         return [slots[LOCAL]]
-    return [s for s in slots.values()
-            if s.placement == "ssh" and (target is None or s.fleet == target or s.name == target)]
+    return sorted((s for s in slots.values()
+                   if s.placement == "ssh" and (target is None or s.fleet == target or s.name == target)),
+                  key=lambda s: s.name)
 
 
 # ---------------------------------------------------------------- the plan
@@ -268,6 +366,9 @@ def make_plan(desired: DesiredState, world: ObservedWorld, previous: dict[str, R
         entry = desired.runs.get(name)
         if entry is None or entry.run.spec.desiredState == "Stopped":
             plan.changes.append(_stop(name, entry, prev, world))
+            continue
+        if name in book.preempted:
+            plan.changes.append(_preempted(name, entry, prev, book.preempted[name]))
             continue
         plan.changes.extend(_running(name, entry, prev, world, desired, slots, settings, now,
                                      missing_secrets.get(name, []), book))
@@ -309,6 +410,13 @@ def _saves(plan: Plan, world: ObservedWorld) -> list[Change]:
                           None, c.generation, c.attempt, identity=c.identity, machine=obs.machine,
                           workspace=obs.workspace, checkpoint=newest))
     return out
+
+
+def _preempted(name: str, entry: RunEntry, prev: RunStatus | None, victim: tuple) -> Change:
+    kill, why = victim
+    p = parse(kill.identity)
+    return Change(name, "terminate", "Preempted", why, "Pending", p.generation, p.attempt, identity=kill.identity,
+                  machine=kill.machine, kill=[kill], spec_digest=entry.digest, spec_path=entry.rel)
 
 
 def _invalid(name: str, message: str, prev: RunStatus | None, world: ObservedWorld) -> Change:
@@ -557,6 +665,17 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
                        machine=obs.machine, workspace=obs.workspace, exit_code=0, kill=stale, backend=_backend(entry, desired),
                        **base)]
 
+    pre = prev.condition("Preempted") if prev is not None else None
+    if pre is not None and pre.status == "True" and handle_ident == ident and obs.state != "running":
+        # Stopped to make room for a run of higher priority: back when there is room, from its
+        # last checkpoint, without spending a retry.
+        resume = ident if getattr(run.spec.task, "resume", "never") == "auto" else None
+        changes = launch(attempt + 1, "Resume", f"{ident} was preempted; running it again", resume_from=resume)
+        c = changes[-1]
+        if not obs.collected and c.action in ("relaunch", "launch", "provision"):
+            c.collect_first = Kill(obs.machine, obs.identity, obs.workspace)
+        return changes
+
     stall = prev.condition("Stalled") if prev is not None else None
     stopped_for_stall = stall is not None and stall.status == "True"
     why = {"failed": f"{ident} failed (exit {obs.exit_code})" + (f": {obs.message}" if obs.message else ""),
@@ -601,7 +720,7 @@ def _stalled(run, obs: ObservedRun, now: float) -> str | None:
 def _after_failure(name, entry, prev, ident, obs, why, now, launch, base, policy, lost_at=None) -> list[Change]:
     attempt = base["attempt"]
     exit_code = obs.exit_code if obs is not None else None
-    retries_used = attempt - 1
+    retries_used = attempt - 1 - ((prev.preemptions or 0) if prev is not None else 0)  # preemptions are not failures
     no_retry = "no retries left"
     if obs is not None and obs.permanent:  # e.g. the precheck refused the environment: retrying cannot help
         policy = type(policy)(maxRetries=0, backoffSeconds=policy.backoffSeconds)
@@ -650,31 +769,60 @@ def _place(name, entry, desired, slots, ident, code, why, stale, base, resume_fr
     template = desired.templates[entry.run.spec.template]
     eff = effective(entry.run, template)
     res = eff.resources
-    candidates = _candidates(slots, eff.placement, eff.target)
+    candidates = _candidates(slots, eff.placement, eff.target, book.candidates if book is not None else None)
     action = "relaunch" if (stale or code in ("Relaunch", "SpecChanged", "GenerationTaken")) else "launch"
     fallback = template.placement.fallback == "rental" and book is not None
     if not candidates and not fallback:
         return [Change(name, "wait", "NoMachine", f"no machine matches target {eff.target!r}", "Pending",
                        identity=ident, kill=stale, retry_after=60.0, **base)]
-    rejected, fitting = [], []
-    for slot in candidates:
-        problem = slot.why_not(res.gpu_count, res.gpu_type)
-        if problem is None:
-            left = len(slot._free(res.gpu_type)) - res.gpu_count
-            fitting.append(((left, slot.tasks, slot.name) if res.gpu_count else (slot.tasks, slot.name), slot))
-        else:
-            rejected.append(f"{slot.name}: {problem}")
-    rejected.sort()
-    if fitting:
-        fitting.sort(key=lambda x: x[0])
-        slot = fitting[0][1]
+    # Within one plan capacity only shrinks: once a request found no room among these candidates,
+    # the same request finds none again (10,000 waiting runs must not each judge every machine).
+    memo = book.no_room if book is not None else {}
+    memo_key = (eff.placement, eff.target, (res.gpu_type or "").lower(), res.gpu_count)
+    rejected: list[str] = list(memo.get(memo_key) or [])
+    index = None
+    if book is not None:
+        index = book.rooms.get(id(candidates))
+        if index is None:
+            index = book.rooms[id(candidates)] = RoomIndex(candidates)
+    slot = None
+    if memo_key not in memo:
+        slot = index.best(res.gpu_type, res.gpu_count) if index is not None else next(
+            iter(sorted((s for s in candidates if s.fits(res.gpu_count, res.gpu_type)),
+                        key=lambda s: (s.free_count(res.gpu_type), s.tasks, s.name) if res.gpu_count
+                        else (s.tasks, s.name))), None)
+        if slot is None:
+            shown = 0
+            for other in candidates:
+                if not other.fits(res.gpu_count, res.gpu_type):
+                    shown += 1
+                    if shown <= SHOWN:
+                        rejected.append(f"{other.name}: {other.why_not(res.gpu_count, res.gpu_type)}")
+            if shown > SHOWN:
+                rejected.append(f"… and {shown - SHOWN} more machine(s) without room")
+            memo[memo_key] = list(rejected)
+    if slot is not None:
+        fitting = index.fitting(res.gpu_type, res.gpu_count) if index is not None else 1
+        others = index.fitting_names(res.gpu_type, res.gpu_count) if index is not None and fitting <= SHOWN + 1 else []
+        left = slot.free_count(res.gpu_type) - res.gpu_count
         gpus = slot.take(res.gpu_count, res.gpu_type)
-        considered = [f"{slot.name}: chosen" + (f" (owned; {fitting[0][0][0]} matching GPU(s) left free)"
+        if index is not None:
+            index.changed(slot)
+        considered = [f"{slot.name}: chosen" + (f" (owned; {left} matching GPU(s) left free)"
                                                 if res.gpu_count else f" (owned; {slot.tasks - 1} other task(s))")]
-        considered += [f"{s.name}: fits, ranked lower" for _, s in fitting[1:]] + rejected
+        considered += [f"{n}: fits, ranked lower" for n in others if n != slot.name]
+        if fitting > SHOWN + 1:
+            considered.append(f"{fitting - 1} other machine(s) fit, ranked lower")
+        if len(candidates) > fitting:
+            considered.append(f"{len(candidates) - fitting} machine(s) without room")
         return [Change(name, action, code, why, "Running", identity=ident, machine=slot.name,
                        backend=eff.backend, gpus=gpus, kill=stale, resume_from=resume_from, considered=considered,
                        **base)]
+    if not fallback and book is not None:
+        pre = _preempt(name, entry, desired, candidates, res, ident, stale, base, book)
+        if pre is not None:
+            pre.considered = rejected + pre.considered
+            return [pre]
     if fallback:
         from .rental_plan import place_rental
 
@@ -684,6 +832,64 @@ def _place(name, entry, desired, slots, ident, code, why, stale, base, resume_fr
         return out
     return [Change(name, "wait", "NoCapacity", "no capacity: " + "; ".join(rejected), "Pending",
                    identity=ident, kill=stale, retry_after=30.0, considered=rejected, **base)]
+
+
+def _preempt(name, entry, desired, candidates, res, ident, stale, base, book) -> Change | None:
+    """Make room on one owned machine by stopping runs of lower priority, if the Policy allows it
+    and it is enough: fewest victims first, then the lowest victim priority, then the machine's
+    name. The victims are recorded in the book (their own change becomes a stop, back to Pending);
+    this run waits for them and is placed on a later pass, before them (its priority is higher)."""
+    from .quota import priority_of
+
+    policy = desired.policy
+    if policy is None or not policy.spec.preemption.enabled:
+        return None
+    mine, mine_class = priority_of(desired, entry)
+    rule = policy.spec.preemption
+    world, now = book.world, book.now
+    best = None
+    for slot in candidates:
+        obs = world.machines.get(slot.name)
+        if obs is None or not slot.reachable or slot.max_tasks == 0 or slot.draining is not None:
+            continue
+        victims = []
+        for r in obs.runs.values():
+            p = parse(r.identity)
+            if not r.alive or p is None or p.name in book.preempted or p.name == name:
+                continue
+            value, _ = priority_of(desired, desired.runs.get(p.name))
+            if value >= mine or (r.started_at is not None and now - r.started_at < rule.minRuntimeSeconds):
+                continue
+            victims.append((value, -(r.started_at or 0.0), p.name, r))
+        victims.sort(key=lambda v: v[:3])
+        free = slot.free_count(res.gpu_type)
+        tasks = slot.tasks
+        chosen = []
+        wanted = {i for i, t in slot.gpu_types.items() if res.gpu_type is None or t.lower() == res.gpu_type.lower()}
+        for v in victims:
+            if free >= res.gpu_count and (slot.max_tasks is None or tasks < slot.max_tasks):
+                break
+            chosen.append(v)
+            free += len(set(v[3].gpus) & wanted)
+            tasks -= 1
+        if not (free >= res.gpu_count and (slot.max_tasks is None or tasks < slot.max_tasks)) or not chosen:
+            continue
+        key = (len(chosen), max(v[0] for v in chosen), slot.name)
+        if best is None or key < best[0]:
+            best = (key, slot, chosen)
+    if best is None:
+        return None
+    _, slot, chosen = best
+    names = []
+    for value, _, victim, r in chosen:
+        book.preempted[victim] = (Kill(slot.name, r.identity, r.workspace, rule.graceSeconds),
+                                  f"preempted by {name} ({mine_class or mine}) to make room on {slot.name}; "
+                                  "it runs again when there is room, resuming from its last checkpoint")
+        names.append(r.identity)
+    return Change(name, "wait", "Preempting", f"stopping {', '.join(names)} (lower priority) on {slot.name} to make "
+                  "room; placed there once they have stopped", "Pending", identity=ident, kill=stale,
+                  retry_after=max(1.0, rule.graceSeconds / 4), machine=None,
+                  considered=[f"{slot.name}: room after preempting {', '.join(names)}"], **base)
 
 
 def _accounted(plan: Plan) -> set[str]:

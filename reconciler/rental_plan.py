@@ -48,6 +48,11 @@ class RentalBook:
     held: dict[str, str] = field(default_factory=dict)  # machine → the run holding it
     released: dict[str, object] = field(default_factory=dict)  # machine → its release change
     planned: list[tuple[str, float]] = field(default_factory=list)  # (provider, price) of this plan's provisions
+    # The planner's caches for owned machines, kept here because the book lives for one plan:
+    candidates: dict = field(default_factory=dict)  # (placement, target) → the candidate slots
+    no_room: dict = field(default_factory=dict)  # a request that found no room → the reasons
+    rooms: dict = field(default_factory=dict)  # id(candidate list) → its RoomIndex
+    preempted: dict = field(default_factory=dict)  # run name → (Kill, why): stopped for a higher priority
 
     def __post_init__(self):
         for name, st in self.previous.items():

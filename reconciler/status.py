@@ -84,6 +84,7 @@ class RunStatus(Lenient):
     placement: dict[str, Any] | None = None
     exit_code: int | None = None
     message: str = ""
+    preemptions: int | None = None  # times it was stopped for a run of higher priority (not counted as retries)
     retry_at: str | None = None
     conditions: list[Condition] = Field(default_factory=list)
     history: list[Transition] = Field(default_factory=list)
@@ -117,8 +118,8 @@ def parse_iso(text: str | None) -> float | None:
 
 # ---------------------------------------------------------------- files
 
-_ORDER = ["apiVersion", "kind", "name", "phase", "generation", "attempt", "message", "exit_code", "retry_at",
-          "spec", "handle", "cost", "placement", "conditions", "progress", "loss_curve", "artifacts", "provenance", "history",
+_ORDER = ["apiVersion", "kind", "name", "phase", "generation", "attempt", "message", "exit_code", "preemptions",
+          "retry_at", "spec", "handle", "cost", "placement", "conditions", "progress", "loss_curve", "artifacts", "provenance", "history",
           "observed_at"]
 CURVE_POINTS = 120
 
@@ -441,6 +442,9 @@ def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_com
             st.handle.pid = st.handle.pid or obs.pid
         _conditions(st, change, now)
     _rental_status(st, change, outcome, now)
+    if change.code == "Preempted" and change.phase is not None and (outcome is None or outcome.ok) and (
+            prev is None or prev.condition("Preempted") is None or prev.condition("Preempted").status != "True"):
+        st.preemptions = (st.preemptions or 0) + 1
     if getattr(change, "considered", None) and change.phase is not None and (outcome is None or outcome.ok):
         st.placement = {"action": change.action, "code": change.code, "considered": list(change.considered[:20])}
     if outcome is not None and outcome.ok and outcome.manifest is not None:
@@ -580,6 +584,10 @@ def _conditions(st: RunStatus, change, now: float) -> None:
         set_condition(st, "SecretsAvailable", "False", "SecretMissing", change.reason, now)
     elif st.condition("SecretsAvailable") is not None and change.action in ("launch", "relaunch", "adopt"):
         set_condition(st, "SecretsAvailable", "True", "SecretsSet", "", now)
+    if code == "Preempted":
+        set_condition(st, "Preempted", "True", "Preempted", change.reason, now)
+    elif st.condition("Preempted") is not None and change.action in ("launch", "relaunch", "adopt"):
+        set_condition(st, "Preempted", "False", "Placed", "", now)
     if code == "NoCapacity" or code == "NoMachine":
         set_condition(st, "Scheduled", "False", code, change.reason, now)
     elif change.machine:

@@ -141,3 +141,83 @@ def test_validate_checks_priority_classes_and_one_policy(tmp_path) -> None:
     assert r.returncode == 1
     assert "specs/runs/a.yaml:" in r.stdout and "priority class 'nope' is not defined (known: normal, urgent)" in r.stdout
     assert "specs/policy2.yaml:" in r.stdout and "a repository has one Policy; specs/policy.yaml is it" in r.stdout
+
+
+def test_the_room_index_chooses_what_a_scan_of_every_machine_would() -> None:
+    import random
+
+    from reconciler.plan import RoomIndex, Slot
+
+    rng = random.Random(7)
+    for _ in range(30):
+        slots = []
+        for i in range(rng.randint(1, 40)):
+            types = {g: rng.choice(["H100", "A100"]) for g in range(rng.choice([0, 1, 2, 4, 8]))}
+            s = Slot(f"m{i:02d}", "ssh", "f", rng.choice([None, 1, 2, 4]), types, tasks=rng.randint(0, 2),
+                     reachable=rng.random() > 0.1, draining=None if rng.random() > 0.1 else "swap")
+            s.used_gpus.update(g for g in types if rng.random() < 0.3)
+            slots.append(s)
+        index = RoomIndex(slots)
+        for _ in range(40):
+            gtype, count = rng.choice([None, "h100", "A100"]), rng.choice([0, 1, 2, 4])
+            fit = [s for s in slots if s.fits(count, gtype)]
+            key = (lambda s: (s.free_count(gtype) - count, s.tasks, s.name)) if count else (lambda s: (s.tasks, s.name))
+            want = min(fit, key=key) if fit else None
+            got = index.best(gtype, count)
+            assert got is want, (gtype, count, got and got.name, want and want.name)
+            assert index.fitting(gtype, count) == len(fit)
+            if got is not None:
+                got.take(count, gtype)
+                index.changed(got)
+
+
+PREEMPT = {"priorityClasses": [{"name": "urgent", "value": 1000}, {"name": "batch", "value": 1, "default": True}],
+           "preemption": {"enabled": True, "graceSeconds": 30, "minRuntimeSeconds": 600}}
+
+
+def test_a_higher_priority_run_preempts_a_lower_one_that_has_run_long_enough(tmp_path) -> None:
+    root = repo(tmp_path, {"low": {}, "high": {"priority": "urgent"}}, {"gpu-1": 1}, PREEMPT)
+    w = world({"gpu-1": 1}, {"low": ("gpu-1", 1)})
+    w.machines["gpu-1"].runs["low-g1-a1"].started_at = NOW - 3600
+    p = plan(root, w)
+    high, low = p.for_run("high"), p.for_run("low")
+    assert (high.action, high.code) == ("wait", "Preempting")
+    assert high.reason == "stopping low-g1-a1 (lower priority) on gpu-1 to make room; placed there once they have stopped"
+    assert high.considered == ["gpu-1: 0 free H100 GPU(s) of 1 wanted", "gpu-1: room after preempting low-g1-a1"]
+    assert (low.action, low.code, low.phase) == ("terminate", "Preempted", "Pending")
+    assert [(k.identity, k.grace) for k in low.kill] == [("low-g1-a1", 30)]
+    assert low.reason.startswith("preempted by high (urgent) to make room on gpu-1")
+
+
+def test_no_preemption_within_min_runtime_or_when_it_would_not_make_room(tmp_path) -> None:
+    root = repo(tmp_path, {"low": {}, "high": {"priority": "urgent"}}, {"gpu-1": 1}, PREEMPT)
+    w = world({"gpu-1": 1}, {"low": ("gpu-1", 1)})
+    w.machines["gpu-1"].runs["low-g1-a1"].started_at = NOW - 60  # ran 60 s of its 600
+    p = plan(root, w)
+    assert p.for_run("high").code == "NoCapacity" and p.for_run("low").code != "Preempted"
+    root2 = repo(tmp_path / "two", {"low": {}, "high": {"priority": "urgent", "gpus": 2}}, {"gpu-1": 1}, PREEMPT)
+    w.machines["gpu-1"].runs["low-g1-a1"].started_at = NOW - 3600
+    p = plan(root2, w)  # two GPUs wanted, one machine of one: stopping low would not be enough
+    assert p.for_run("high").code == "NoCapacity" and p.for_run("low").code != "Preempted"
+
+
+def test_a_preempted_run_comes_back_without_spending_a_retry(tmp_path) -> None:
+    from reconciler.status import Condition, Handle
+
+    root = repo(tmp_path, {"low": {}, "high": {"priority": "urgent"}}, {"gpu-1": 1}, PREEMPT)
+    w = world({"gpu-1": 1}, {"high": ("gpu-1", 1)})
+    w.machines["gpu-1"].runs["low-g1-a1"] = ObservedRun("low-g1-a1", "gpu-1", "terminated", exit_code=143,
+                                                         started_at=NOW - 3600, finished_at=NOW - 10)
+    desired = load_tree(root)
+    prev = {"low": RunStatus(name="low", phase="Pending", generation=1, attempt=1, preemptions=1,
+                             spec={"digest": desired.runs["low"].digest},
+                             handle=Handle(machine="gpu-1", identity="low-g1-a1"),
+                             conditions=[Condition(type="Preempted", status="True", reason="Preempted")])}
+    p = plan(root, w, prev)
+    assert (p.for_run("low").action, p.for_run("low").code) == ("wait", "NoCapacity")  # high holds the GPU
+    w.machines["gpu-1"].runs.pop("high-g1-a1")  # high finished, was collected, and its spec removed
+    (root / "specs" / "runs" / "high.yaml").unlink()
+    p = plan(root, w, prev)
+    low = p.for_run("low")
+    assert (low.action, low.code, low.identity) == ("launch", "Resume", "low-g1-a2")
+    assert low.collect_first.identity == "low-g1-a1"

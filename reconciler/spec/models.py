@@ -723,12 +723,25 @@ class TeamQuota(Strict):
                                           "team's live runs hold.", examples=[20])
 
 
+class Preemption(Strict):
+    """Whether a pending run may stop lower-priority runs to get an owned machine."""
+
+    enabled: bool = Field(False, description="A pending run that fits nowhere may stop runs of lower priority on "
+                          "one owned machine where that makes room (never for a run that still would not fit).")
+    graceSeconds: float = Field(60, ge=0, le=3600, description="Between SIGTERM and SIGKILL of a preempted run: "
+                                "time to write a checkpoint.")
+    minRuntimeSeconds: float = Field(0, ge=0, le=30 * 86400, description="A run that has run less than this is "
+                                     "not preempted.", examples=[600])
+
+
 class PolicySpec(Strict):
     """Priorities and quotas for every run of the repository."""
 
     teamLabel: str = Field("team", min_length=1, description="The run label that names a run's team.")
     priorityClasses: list[PriorityClass] = Field(default_factory=list, description="Named priorities.")
     teams: list[TeamQuota] = Field(default_factory=list, description="Per-team limits; a team not listed has none.")
+    preemption: Preemption = Field(default_factory=Preemption, description="Preemption of lower-priority runs "
+                                   "(off unless enabled).")
 
     @model_validator(mode="after")
     def _unique(self):
