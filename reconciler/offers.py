@@ -49,7 +49,9 @@ def fits(offer: Offer, res: Resources) -> bool:
     how much memory (or how many CPUs) it has does not fit a run that asks for some."""
     if offer.gpu_count < res.gpu_count:
         return False
-    if res.gpu_count and not gpu_matches(offer.gpu_type, res.gpu_type):
+    if res.gpu_count and not any(gpu_matches(offer.gpu_type, t) for t in res.wanted_types()):
+        return False
+    if res.gpu_memory_gb is not None and res.gpu_count and (offer.gpu_memory_gb or 0) < res.gpu_memory_gb:
         return False
     if res.memory_gb is not None and (offer.memory_gb is None or offer.memory_gb < res.memory_gb):
         return False

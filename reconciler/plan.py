@@ -173,6 +173,8 @@ class Slot:
     error: str = ""
     draining: str | None = None  # drained from the machine itself (its reason)
     foreign_gpus: set[int] = field(default_factory=set)  # used by processes the reconciler did not start
+    labels: dict[str, str] = field(default_factory=dict)
+    gpu_memory: dict[str, float] = field(default_factory=dict)  # GPU type (lower case) → GB per GPU, when known
     _counts: dict = field(default_factory=dict, repr=False, compare=False)  # GPU type → free count (cache)
 
     def free_count(self, gpu_type: str | None) -> int:
@@ -190,6 +192,15 @@ class Slot:
     def fits(self, gpu_count: int, gpu_type: str | None) -> bool:
         """why_not(...) is None, without building a message."""
         return self.available() and self.free_count(gpu_type) >= gpu_count
+
+    def types_for(self, wanted: list[str | None], min_memory: float | None) -> list[str | None]:
+        """Which of the wanted GPU models this machine could give, in the run's order."""
+        if wanted == [None]:
+            if min_memory is None:
+                return [None]
+            wanted = sorted({t for t in self.gpu_types.values()})
+        return [t for t in wanted if min_memory is None
+                or (t is not None and self.gpu_memory.get(t.lower(), 0.0) >= min_memory)]
 
     def _free(self, gpu_type: str | None) -> list[int]:
         return [i for i, t in sorted(self.gpu_types.items())
@@ -230,7 +241,8 @@ def _slots(desired: DesiredState, world: ObservedWorld, settings: PlanSettings) 
             for g in m.resources.gpus:
                 for _ in range(g.count):
                     types[len(types)] = g.type
-            slots[m.name] = Slot(m.name, "ssh", fleet.metadata.name, m.max_tasks, types)
+            slots[m.name] = Slot(m.name, "ssh", fleet.metadata.name, m.max_tasks, types, labels=dict(m.labels),
+                                 gpu_memory={g.type.lower(): g.memory_gb for g in m.resources.gpus if g.memory_gb})
     for name, obs in world.machines.items():
         slot = slots.get(name)
         if slot is None:
@@ -358,7 +370,7 @@ def make_plan(desired: DesiredState, world: ObservedWorld, previous: dict[str, R
     invalid = {n for n in desired.invalid if n not in desired.runs}
     # Runs already holding a slot keep it; launches are placed by priority (then first come, first
     # served, with a Policy; then by name), and the plan lists every run in name order.
-    for name in placement_order(desired, names, previous):
+    for name in placement_order(desired, names, previous, book.quotas):
         prev = previous.get(name)
         if name in invalid:
             plan.changes.append(_invalid(name, desired.invalid[name], prev, world))
@@ -592,6 +604,9 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
                          nbase, resume_from, book)
         c = out[-1]
         if quotas is not None and c.action in ("launch", "relaunch", "provision"):
+            note = quotas.borrowing(name, eff.resources.gpu_count)
+            if note:
+                c.considered = c.considered + [note]
             gpus = eff.resources.gpu_count
             if c.rental and c.action == "provision":
                 from .quota import _offer_gpus
@@ -775,6 +790,10 @@ def _place(name, entry, desired, slots, ident, code, why, stale, base, resume_fr
     if not candidates and not fallback:
         return [Change(name, "wait", "NoMachine", f"no machine matches target {eff.target!r}", "Pending",
                        identity=ident, kill=stale, retry_after=60.0, **base)]
+    wanted = res.wanted_types()
+    if len(wanted) > 1 or res.gpu_memory_gb is not None or eff.selector:
+        return _place_constrained(name, eff, candidates, res, wanted, ident, action, code, why, stale, base,
+                                  resume_from, fallback, entry, book)
     # Within one plan capacity only shrinks: once a request found no room among these candidates,
     # the same request finds none again (10,000 waiting runs must not each judge every machine).
     memo = book.no_room if book is not None else {}
@@ -832,6 +851,52 @@ def _place(name, entry, desired, slots, ident, code, why, stale, base, resume_fr
         return out
     return [Change(name, "wait", "NoCapacity", "no capacity: " + "; ".join(rejected), "Pending",
                    identity=ident, kill=stale, retry_after=30.0, considered=rejected, **base)]
+
+
+def _place_constrained(name, eff, candidates, res, wanted, ident, action, code, why, stale, base, resume_from,
+                       fallback, entry, book) -> list[Change]:
+    """A run with a selector, a least GPU memory or several acceptable GPU models: every machine
+    is judged (the room index serves the plain requests that make up the bulk of a queue)."""
+    selector = eff.selector
+    best, rejected, fitting = None, [], []
+    for slot in candidates:
+        missing = [f"{k}={v}" for k, v in sorted(selector.items()) if slot.labels.get(k) != v]
+        if missing:
+            rejected.append(f"{slot.name}: labels do not match the selector ({', '.join(missing)})")
+            continue
+        types = slot.types_for(wanted, res.gpu_memory_gb)
+        if not types:
+            rejected.append(f"{slot.name}: no GPU of " + ("/".join(t or "any" for t in wanted))
+                            + (f" with {res.gpu_memory_gb:g} GB" if res.gpu_memory_gb else ""))
+            continue
+        options = [(slot.free_count(t) - res.gpu_count if res.gpu_count else 0, slot.tasks, slot.name, i, t)
+                   for i, t in enumerate(types) if slot.fits(res.gpu_count, t)]
+        if not options:
+            rejected.append(f"{slot.name}: {slot.why_not(res.gpu_count, types[0])}")
+            continue
+        fitting.append(slot.name)
+        option = min(options)
+        if best is None or option < best[0]:
+            best = (option, slot)
+    if best is not None:
+        (left, _, _, _, t), slot = best
+        gpus = slot.take(res.gpu_count, t)
+        model = f" {t}" if t else ""
+        considered = [f"{slot.name}: chosen (owned" + (f"; {left}{model} GPU(s) left free)" if res.gpu_count else ")")]
+        considered += [f"{n}: fits, ranked lower" for n in fitting if n != slot.name][:SHOWN]
+        considered += rejected[:SHOWN] + ([f"… and {len(rejected) - SHOWN} more"] if len(rejected) > SHOWN else [])
+        return [Change(name, action, code, why, "Running", identity=ident, machine=slot.name, backend=eff.backend,
+                       gpus=gpus, kill=stale, resume_from=resume_from, considered=considered, **base)]
+    shown = rejected[:SHOWN] + ([f"… and {len(rejected) - SHOWN} more"] if len(rejected) > SHOWN else [])
+    if fallback:
+        from .rental_plan import place_rental
+
+        out = place_rental(book, name, entry, eff, book.previous.get(name), ident, action, code, why, stale, base,
+                           resume_from, target_any=True)
+        out[-1].considered = shown + ["owned machines are full: renting"] + out[-1].considered
+        return out
+    return [Change(name, "wait", "NoCapacity", "no capacity: " + "; ".join(shown), "Pending", identity=ident,
+                   kill=stale, retry_after=30.0, considered=shown, **base)]
 
 
 def _preempt(name, entry, desired, candidates, res, ident, stale, base, book) -> Change | None:

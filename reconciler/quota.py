@@ -29,16 +29,33 @@ def priority_of(desired: DesiredState, entry: RunEntry | None) -> tuple[int, str
     return 0, ""
 
 
-def placement_order(desired: DesiredState, names: list[str], previous: dict[str, RunStatus]) -> list[str]:
-    """Higher priority first; with a Policy, first come first served within a priority (the time
-    a run's status first recorded it); then by name. Deterministic."""
-    def key(name: str):
-        value, _ = priority_of(desired, desired.runs.get(name))
+def placement_order(desired: DesiredState, names: list[str], previous: dict[str, RunStatus],
+                    quotas: "Quotas | None" = None):
+    """The order runs are placed in. Higher priority first. With a Policy, within one priority
+    the team furthest below its share goes next (GPUs held / maxGpus, or / 1 for a team without
+    one; fewest first, re-read after each placement), and a team's runs go first come first
+    served (the time a run's status first recorded it); then by name. Without a Policy: by
+    name. Deterministic: a generator that reads ``quotas`` as placements update it."""
+    def since(name: str) -> str:
         prev = previous.get(name)
-        since = prev.history[0].time if desired.policy is not None and prev is not None and prev.history else "~"
-        return (-value, since, name)
+        return prev.history[0].time if prev is not None and prev.history else "~"
 
-    return sorted(names, key=key)
+    groups: dict[int, list[str]] = {}
+    for name in names:
+        groups.setdefault(priority_of(desired, desired.runs.get(name))[0], []).append(name)
+    for value in sorted(groups, reverse=True):
+        group = groups[value]
+        if desired.policy is None or quotas is None:
+            yield from sorted(group)
+            continue
+        queues: dict[str, list[str]] = {}
+        for name in sorted(group, key=lambda n: (since(n), n)):
+            queues.setdefault(quotas.team(name) or "", []).append(name)
+        while queues:
+            team = min(queues, key=lambda t: (quotas.share_used(t), since(queues[t][0]), t))
+            yield queues[team].pop(0)
+            if not queues[team]:
+                del queues[team]
 
 
 @dataclass
@@ -77,10 +94,33 @@ class Quotas:
                 q.add(name, _offer_gpus(desired, r.get("provider"), r.get("offer")), r.get("price_per_hour") or 0.0)
         return q
 
-    def add(self, name: str, gpus: float, price: float) -> None:
+    def _can_borrow(self, lim, gpus: float) -> bool:
+        """Past its own maxGpus, a borrowing team may use what the teams with a quota leave unused:
+        the sum of every team's maxGpus still holds."""
+        return lim.borrow and gpus <= _borrowable(self)
+
+    def borrowing(self, name: str, gpus: float) -> str | None:
+        """The note for a placement that goes past the team's maxGpus on other teams' unused quota."""
         team = self.team(name)
-        if team is None:
+        lim = self.limits(team)
+        if lim is None or lim.maxGpus is None or not gpus:
+            return None
+        used = self.usage.get(team, [0.0, 0.0])[0]
+        if used + gpus > lim.maxGpus:
+            return (f"team {team} borrows {used + gpus - lim.maxGpus:g} GPU(s) of quota other teams leave unused "
+                    f"(maxGpus {lim.maxGpus}, borrow: true)")
+        return None
+
+    def share_used(self, team: str) -> float:
+        """GPUs the team holds per GPU of its share (maxGpus; 1 for a team without one)."""
+        lim = self.limits(team or None)
+        weight = lim.maxGpus if lim is not None and lim.maxGpus else 1
+        return self.usage.get(team, [0.0, 0.0])[0] / weight
+
+    def add(self, name: str, gpus: float, price: float) -> None:
+        if self.desired.policy is None:
             return
+        team = self.team(name) or ""  # "": the runs without a team, together
         u = self.usage.setdefault(team, [0.0, 0.0])
         u[0] += gpus
         u[1] += price
@@ -91,12 +131,22 @@ class Quotas:
         if lim is None:
             return None
         used = self.usage.get(team, [0.0, 0.0])
-        if lim.maxGpus is not None and gpus and used[0] + gpus > lim.maxGpus:
+        if lim.maxGpus is not None and gpus and used[0] + gpus > lim.maxGpus and not self._can_borrow(lim, gpus):
             return f"team {team} holds {used[0]:g} of its maxGpus {lim.maxGpus} GPUs; this run needs {gpus:g} more"
         if lim.maxPricePerHour is not None and price and used[1] + price > lim.maxPricePerHour + 1e-9:
             return (f"team {team} rents {used[1]:g}/h of its maxPricePerHour {lim.maxPricePerHour:g}; this run's "
                     f"offer adds {price:g}/h")
         return None
+
+
+def _quota_teams(q: "Quotas"):
+    return [t for t in q.desired.policy.spec.teams if t.maxGpus is not None]
+
+
+def _borrowable(q: "Quotas") -> float:
+    """GPUs of quota the teams with one leave unused, all told: what a borrowing team may take."""
+    teams = _quota_teams(q)
+    return max(0.0, sum(t.maxGpus for t in teams) - sum(q.usage.get(t.name, [0.0, 0.0])[0] for t in teams))
 
 
 def _offer_gpus(desired: DesiredState, provider: str | None, offer: str | None) -> int:

@@ -321,9 +321,21 @@ class DesiredState:
 ADDED_LATER = ("maxCost", "priority")
 
 
+# The same for fields added inside overrides: (path) left out while None.
+ADDED_LATER_NESTED = (("overrides", "selector"), ("overrides", "resources", "gpu_types"),
+                      ("overrides", "resources", "gpu_memory_gb"))
+
+
 def run_digest(run: Run) -> str:
     unset = {k for k in ADDED_LATER if getattr(run.spec, k) is None}
-    body = json.dumps(run.spec.model_dump(mode="json", exclude=unset), sort_keys=True, separators=(",", ":"))
+    data = run.spec.model_dump(mode="json", exclude=unset)
+    for path in ADDED_LATER_NESTED:
+        node = data
+        for part in path[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and node.get(path[-1], 0) is None:
+            del node[path[-1]]
+    body = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
 
 

@@ -25,7 +25,7 @@ ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 SHA1_HEX = re.compile(r"^[0-9a-f]{40}$")
 DNS_LABEL_MAX = 63
 
-OVERRIDABLE = ("target", "resources", "runtime_env", "image", "detach")
+OVERRIDABLE = ("target", "resources", "runtime_env", "image", "detach", "selector")
 # ms-swift arguments the reconciler sets itself (artifacts location and resume); never in args.
 SWIFT_MANAGED = ("output_dir", "add_version", "resume_from_checkpoint")
 
@@ -90,9 +90,29 @@ class Resources(Strict):
     gpu_type: str | None = Field(None, description="GPU model wanted (matched without regard to case against a "
                                  "machine's GPU types), e.g. H100; any GPU when unset. Needs gpu_count >= 1.",
                                  examples=["H100"])
+    gpu_types: list[str] | None = Field(None, min_length=1, description="Any of these GPU models (instead of "
+                                        "gpu_type); all of a run's GPUs are of one model.",
+                                        examples=[["H100", "A100"]])
     gpu_count: int = Field(0, ge=0, le=64, description="GPUs per run (0: no GPU).", examples=[1])
+    gpu_memory_gb: float | None = Field(None, gt=0, le=1024, description="Least memory per GPU, in GB (a machine "
+                                        "or offer that does not say how much its GPUs have does not fit).",
+                                        examples=[80])
     cpu_count: int | None = Field(None, ge=1, le=1024, description="CPU cores per run.", examples=[8])
     memory_gb: float | None = Field(None, gt=0, le=16384, description="Host memory per run, in GB.", examples=[64])
+
+    @model_validator(mode="after")
+    def _any_of(self):
+        if self.gpu_types is not None and self.gpu_type is not None:
+            raise ValueError("gpu_type and gpu_types both set: use one (gpu_types is any of several models)")
+        if self.gpu_types is not None and self.gpu_count == 0:
+            raise ValueError("gpu_types is set but gpu_count is 0")
+        return self
+
+    def wanted_types(self) -> list[str | None]:
+        """The GPU models the run may have, in its order of preference; [None] for any model."""
+        if self.gpu_types:
+            return list(self.gpu_types)
+        return [self.gpu_type]
 
 
 class ResourcesOverride(Strict):
@@ -100,7 +120,11 @@ class ResourcesOverride(Strict):
 
     gpu_type: str | None = Field(None, description="Replaces the template's gpu_type; needs GPUs (here or in "
                                  "the template's defaults).", examples=["H100"])
+    gpu_types: list[str] | None = Field(None, min_length=1, description="Replaces the template's GPU model(s) "
+                                        "with any of these.", examples=[["H100", "A100"]])
     gpu_count: int | None = Field(None, ge=0, le=64, description="Replaces the template's gpu_count.", examples=[2])
+    gpu_memory_gb: float | None = Field(None, gt=0, le=1024, description="Replaces the template's gpu_memory_gb "
+                                        "(least GB per GPU).")
     cpu_count: int | None = Field(None, ge=1, le=1024, description="Replaces the template's cpu_count.")
     memory_gb: float | None = Field(None, gt=0, le=16384, description="Replaces the template's memory_gb (GB).")
 
@@ -331,6 +355,9 @@ class Overrides(Strict):
     image: str | None = Field(None, description="Container image (docker launches only).",
                               examples=["registry.example/trainer:1.4"])
     detach: bool | None = Field(None, description="Replaces the template's detach.")
+    selector: dict[str, str] | None = Field(None, description="Machine labels the run needs (added to the "
+                                            "template's selector; same key: this value wins).",
+                                            examples=[{"site": "basement"}])
 
 
 class Stall(Strict):
@@ -432,6 +459,8 @@ class TemplateDefaults(Strict):
                                 "secrets (those are spec.secrets of a run).", examples=[{"PYTHONUNBUFFERED": "1"}])
     python: str | None = Field(None, description="Execution plane's python for ms-swift tasks.",
                                examples=["/opt/swift/bin/python"])
+    selector: dict[str, str] = Field(default_factory=dict, description="ssh placement: only fleet machines with "
+                                     "these labels (key: value).", examples=[{"site": "basement"}])
 
 
 class ExecutionTemplate(Strict):
@@ -721,6 +750,8 @@ class TeamQuota(Strict):
     maxGpus: int | None = Field(None, ge=0, description="GPUs held at once by the team's live runs.", examples=[8])
     maxPricePerHour: float | None = Field(None, ge=0, description="Sum of the hourly prices of the rentals the "
                                           "team's live runs hold.", examples=[20])
+    borrow: bool = Field(False, description="May go past maxGpus while other teams leave theirs unused (the sum "
+                         "of every team's maxGpus still holds).")
 
 
 class Preemption(Strict):

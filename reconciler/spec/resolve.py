@@ -24,13 +24,20 @@ class Effective:
     python: str | None
     resources: Resources
     runtime_env: dict[str, str] = field(default_factory=dict)
+    selector: dict[str, str] = field(default_factory=dict)
 
 
 def effective(run: Run, template: ExecutionTemplate) -> Effective:
     d, o = template.defaults, run.spec.overrides
     res = d.resources.model_dump()
     if o.resources is not None:
-        res.update({k: v for k, v in o.resources.model_dump().items() if v is not None})
+        given = {k: v for k, v in o.resources.model_dump().items() if v is not None}
+        # A model named one way replaces a model named the other way.
+        if "gpu_type" in given:
+            res["gpu_types"] = None
+        if "gpu_types" in given:
+            res["gpu_type"] = None
+        res.update(given)
     env = dict(d.runtime_env)
     env.update(o.runtime_env or {})
     return Effective(
@@ -45,4 +52,5 @@ def effective(run: Run, template: ExecutionTemplate) -> Effective:
         python=d.python,
         resources=Resources.model_validate(res),
         runtime_env=env,
+        selector={**d.selector, **(o.selector or {})},
     )
