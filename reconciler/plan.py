@@ -791,7 +791,8 @@ def _place(name, entry, desired, slots, ident, code, why, stale, base, resume_fr
         return [Change(name, "wait", "NoMachine", f"no machine matches target {eff.target!r}", "Pending",
                        identity=ident, kill=stale, retry_after=60.0, **base)]
     wanted = res.wanted_types()
-    if len(wanted) > 1 or res.gpu_memory_gb is not None or eff.selector:
+    spec = entry.run.spec
+    if len(wanted) > 1 or res.gpu_memory_gb is not None or eff.selector or spec.affinity or spec.antiAffinity:
         return _place_constrained(name, eff, candidates, res, wanted, ident, action, code, why, stale, base,
                                   resume_from, fallback, entry, book)
     # Within one plan capacity only shrinks: once a request found no room among these candidates,
@@ -827,6 +828,8 @@ def _place(name, entry, desired, slots, ident, code, why, stale, base, resume_fr
         gpus = slot.take(res.gpu_count, res.gpu_type)
         if index is not None:
             index.changed(slot)
+        if book is not None:
+            book.placed_on(slot.name, name)
         considered = [f"{slot.name}: chosen" + (f" (owned; {left} matching GPU(s) left free)"
                                                 if res.gpu_count else f" (owned; {slot.tasks - 1} other task(s))")]
         considered += [f"{n}: fits, ranked lower" for n in others if n != slot.name]
@@ -853,16 +856,28 @@ def _place(name, entry, desired, slots, ident, code, why, stale, base, resume_fr
                    identity=ident, kill=stale, retry_after=30.0, considered=rejected, **base)]
 
 
+def _labels(wanted: dict[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(wanted.items()))
+
+
 def _place_constrained(name, eff, candidates, res, wanted, ident, action, code, why, stale, base, resume_from,
                        fallback, entry, book) -> list[Change]:
     """A run with a selector, a least GPU memory or several acceptable GPU models: every machine
     is judged (the room index serves the plain requests that make up the bulk of a queue)."""
     selector = eff.selector
+    spec = entry.run.spec
     best, rejected, fitting = None, [], []
     for slot in candidates:
         missing = [f"{k}={v}" for k, v in sorted(selector.items()) if slot.labels.get(k) != v]
         if missing:
             rejected.append(f"{slot.name}: labels do not match the selector ({', '.join(missing)})")
+            continue
+        if spec.affinity and not book.runs_with(slot.name, spec.affinity, name):
+            rejected.append(f"{slot.name}: no live run with {_labels(spec.affinity)} (affinity)")
+            continue
+        if spec.antiAffinity and book.runs_with(slot.name, spec.antiAffinity, name):
+            rejected.append(f"{slot.name}: runs {', '.join(book.runs_with(slot.name, spec.antiAffinity, name))} "
+                            f"with {_labels(spec.antiAffinity)} (anti-affinity)")
             continue
         types = slot.types_for(wanted, res.gpu_memory_gb)
         if not types:
@@ -881,6 +896,7 @@ def _place_constrained(name, eff, candidates, res, wanted, ident, action, code, 
     if best is not None:
         (left, _, _, _, t), slot = best
         gpus = slot.take(res.gpu_count, t)
+        book.placed_on(slot.name, name)
         model = f" {t}" if t else ""
         considered = [f"{slot.name}: chosen (owned" + (f"; {left}{model} GPU(s) left free)" if res.gpu_count else ")")]
         considered += [f"{n}: fits, ranked lower" for n in fitting if n != slot.name][:SHOWN]

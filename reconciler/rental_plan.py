@@ -53,6 +53,30 @@ class RentalBook:
     no_room: dict = field(default_factory=dict)  # a request that found no room → the reasons
     rooms: dict = field(default_factory=dict)  # id(candidate list) → its RoomIndex
     preempted: dict = field(default_factory=dict)  # run name → (Kill, why): stopped for a higher priority
+    _runs_on: dict | None = None  # machine → names of the runs live there or placed there by this plan
+
+    def placed_on(self, machine: str, name: str) -> None:
+        self._on().setdefault(machine, set()).add(name)
+
+    def _on(self) -> dict:
+        if self._runs_on is None:
+            self._runs_on = {}
+            for m in self.world.machines.values():
+                for r in m.runs.values():
+                    p = parse(r.identity)
+                    if r.alive and p is not None:
+                        self._runs_on.setdefault(m.name, set()).add(p.name)
+        return self._runs_on
+
+    def runs_with(self, machine: str, labels: dict[str, str], other_than: str) -> list[str]:
+        """The runs on ``machine`` (live, or placed by this plan) whose labels include ``labels``."""
+        out = []
+        for name in sorted(self._on().get(machine, ())):
+            entry = self.desired.runs.get(name)
+            if name != other_than and entry is not None and all(
+                    entry.run.metadata.labels.get(k) == v for k, v in labels.items()):
+                out.append(name)
+        return out
 
     def __post_init__(self):
         for name, st in self.previous.items():

@@ -3,7 +3,7 @@
 
 A case gives fleet machines (GPUs, type, memory, labels), live instances (``busy``: run →
 [machine, GPUs, seconds it has run]), an optional Policy, provider offers and ``fallback: rental``,
-the runs (priority, GPUs, type or any-of types, least memory, selector, labels) and previous
+the runs (priority, GPUs, type or any-of types, least memory, selector, labels, affinity, anti) and previous
 statuses (``phase``, ``since``). To regenerate the expected files after an intended change:
 ``UPDATE_SCHEDULING_CASES=1 pytest tests/test_scheduling_cases.py``, then read the diff.
 """
@@ -64,6 +64,10 @@ def build(case: dict, root: Path):
         spec = {"template": "gpu", "task": {"type": "command", "argv": ["train"]}, "overrides": overrides}
         if "priority" in r:
             spec["priority"] = r["priority"]
+        if "affinity" in r:
+            spec["affinity"] = r["affinity"]
+        if "anti" in r:
+            spec["antiAffinity"] = r["anti"]
         _write(root / "specs" / "runs" / f"{name}.yaml", {
             "apiVersion": "reconciler/v1", "kind": "Run", "metadata": {"name": name, "labels": r.get("labels", {})},
             "spec": spec})

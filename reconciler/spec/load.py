@@ -318,7 +318,7 @@ class DesiredState:
 
 # Fields added to RunSpec after runs were launched under it: left out of the digest while unset,
 # so that upgrading the reconciler does not relaunch every run as a new generation.
-ADDED_LATER = ("maxCost", "priority")
+ADDED_LATER = ("maxCost", "priority", "affinity", "antiAffinity")
 
 
 # The same for fields added inside overrides: (path) left out while None.

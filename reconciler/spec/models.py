@@ -395,6 +395,12 @@ class RunSpec(Strict):
     )
     stall: Stall | None = Field(None, description="Optional: no progress for stall.afterSeconds sets the Stalled "
                                 "condition (or terminates the run).")
+    affinity: dict[str, str] | None = Field(None, description="Placed only on a machine where a live run carries "
+                                            "all these labels (key: value), e.g. next to its data loader.",
+                                            examples=[{"app": "feature-store"}])
+    antiAffinity: dict[str, str] | None = Field(None, description="Never placed on a machine where a live run "
+                                                "carries all these labels, e.g. replicas kept apart.",
+                                                examples=[{"job": "eval"}])
     priority: Annotated[str, Field(pattern=DNS_LABEL, json_schema_extra={"patternErrorMessage": DNS_LABEL_MESSAGE})] | None = Field(
         None, description="Priority class (defined in the Policy): higher classes are placed first. Unset: the "
                           "Policy's default class.", examples=["urgent"])
