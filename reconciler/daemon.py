@@ -250,7 +250,7 @@ class Daemon:
         self.cfg = cfg
         self.config_path = config_path
         self.flags = dict(flags or {})
-        self.rec = Reconciler(cfg)
+        self.rec = Reconciler(cfg, keep_connections=True)  # SSH connections kept from pass to pass
         self.metrics = Metrics()
         self.wake = threading.Event()
         self._flags_lock = threading.Lock()
@@ -625,6 +625,7 @@ class Daemon:
         finally:
             watchdog.stop()
             self._stop_watch.set()
+            self.rec.close()
             for server in (self.server, self.dashboard):
                 if server is not None:
                     server.shutdown()

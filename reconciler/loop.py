@@ -62,8 +62,10 @@ def local_gpus(cfg: Config) -> int:
 class Reconciler:
     """Holds what may be reused between passes in one process: the spec cache and connections."""
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, keep_connections: bool = False):
         self.cfg = cfg
+        # A long-lived reconciler (the daemon) keeps its SSH connections from pass to pass.
+        self.connections: dict | None = {} if keep_connections else None
         self.cache = SpecCache()
         self.status_cache = statuses.StatusCache()
         self.ledger = Ledger()  # status/README.md and the loss curves, rows kept across passes
@@ -94,7 +96,7 @@ class Reconciler:
                       if n not in desired.invalid and _digest(desired, n) == s.digest}
         skipped: set[str] = set()
         previous = statuses.load_all(status_dir, self.status_cache, skip=candidates, skipped=skipped)
-        pool = TransportPool(cfg, desired)
+        pool = TransportPool(cfg, desired, self.connections)
         try:
             calls0 = self.providers.calls()
             rentals, provider_errors = self._observe_rentals(desired)
@@ -209,6 +211,16 @@ class Reconciler:
         if not paths or self.repo is None:
             return {}
         return gitops.last_commits(self.cfg.repo, paths)
+
+    def close(self) -> None:
+        """Close the kept connections (the daemon, when it stops)."""
+        for _, t in (self.connections or {}).values():
+            try:
+                t.close()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
+        if self.connections is not None:
+            self.connections.clear()
 
     def _observe_rentals(self, desired: DesiredState):
         errors: dict[str, str] = {}

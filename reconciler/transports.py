@@ -22,9 +22,23 @@ from .spec.load import DesiredState
 from .status import TERMINAL, RunStatus
 
 
+def connection_key(info: MachineInfo, cfg: Config) -> tuple:
+    """Everything a kept connection depends on: when any of it changes, a new one is made."""
+    m = info.fleet_machine
+    ep = m.ssh
+    return (ep.host, ep.port, ep.user, ep.identity_file, ep.host_key, info.known_hosts, info.workspace_root,
+            info.docker_host, getattr(m, "connect", "ssh"), getattr(m, "tunnel_port", None),
+            cfg.ssh_connect_timeout, cfg.ssh_command_timeout)
+
+
 class TransportPool:
-    def __init__(self, cfg: Config, desired: DesiredState):
+    """``kept``: a long-lived reconciler's connections (machine → (key, transport)), reused from
+    pass to pass while the machine's settings are unchanged; without it, every pass connects anew
+    and closes at its end."""
+
+    def __init__(self, cfg: Config, desired: DesiredState, kept: dict | None = None):
         self.cfg = cfg
+        self.kept = kept
         self._machines = {}
         self._fleet_of = {}
         self._source = {id(f.obj): f.rel for f in desired.files if f.obj is not None}
@@ -151,15 +165,36 @@ class TransportPool:
                 else:
                     from .backends.ssh import SshTransport
 
-                    t = SshTransport(info, connect_timeout=self.cfg.ssh_connect_timeout,
-                                     command_timeout=self.cfg.ssh_command_timeout)
+                    key = connection_key(info, self.cfg) if self.kept is not None else None
+                    old = self.kept.get(name) if self.kept is not None else None
+                    if old is not None and old[0] == key:
+                        t = old[1]
+                        t.round_trips = 0  # counted per pass
+                    else:
+                        if old is not None:
+                            old[1].close()
+                        t = SshTransport(info, connect_timeout=self.cfg.ssh_connect_timeout,
+                                         command_timeout=self.cfg.ssh_command_timeout)
+                        if self.kept is not None:
+                            self.kept[name] = (key, t)
                 self._open[name] = t
             return t
 
     def close(self) -> None:
+        """The pass is over: its connections close, except the kept ones (a kept connection to a
+        machine this pass did not use is closed: the machine left the fleet or has nothing)."""
+        kept = {id(t) for _, t in self.kept.values()} if self.kept is not None else set()
         for t in self._open.values():
+            if id(t) in kept:
+                continue
             try:
                 t.close()
             except Exception:  # noqa: BLE001 - closing is best effort
                 pass
+        if self.kept is not None:
+            for name in [n for n in self.kept if n not in self._open]:
+                try:
+                    self.kept.pop(name)[1].close()
+                except Exception:  # noqa: BLE001
+                    pass
         self._open.clear()

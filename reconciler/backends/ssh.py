@@ -58,6 +58,19 @@ def agent_source() -> str:
     return _AGENT_SOURCE
 
 
+_AGENT_HASH: str | None = None
+STAGED_MISSING = 121  # the staged probe's exit code when the file for this version is not there
+
+
+def agent_hash() -> str:
+    global _AGENT_HASH
+    if _AGENT_HASH is None:
+        import hashlib
+
+        _AGENT_HASH = hashlib.sha256(agent_source().encode()).hexdigest()[:16]
+    return _AGENT_HASH
+
+
 def agent_program(args: dict) -> tuple[str, list[str]]:
     """The program for ``python3 -`` and its argv: arguments as argv, or embedded when large."""
     text = json.dumps(args, separators=(",", ":"), sort_keys=True)
@@ -98,6 +111,10 @@ class SshTransport:
         self.round_trips = 0
         self._client: paramiko.SSHClient | None = None
         self._lock = threading.Lock()
+        # The probe is staged once per machine and version (~/.cache/reconciler/agent-<hash>.py) and
+        # then invoked by path: no 16 KB of source per call. None: not known yet; False: the
+        # machine cannot keep it (the source is sent every time, as before).
+        self._staged: bool | None = None
         root = machine.workspace_root
         self._root: str | None = root if root.startswith("/") else None
 
@@ -264,8 +281,33 @@ class SshTransport:
         if args.get("op") == "probe":
             args = dict(args, root=self._root or self.machine.workspace_root)
         program, argv = agent_program(args)
-        command = docker_prefix(self.machine) + "python3 - " + " ".join(shlex.quote(a) for a in argv)
-        rc, out, err = self._exec(command, program.encode(), self.command_timeout)
+        rc = None
+        for _ in range(2):  # staged: by path; gone since (a cleaned home): staged again
+            if not argv or self._staged is False:
+                break
+            path = f"$HOME/.cache/reconciler/agent-{agent_hash()}.py"
+            quoted = " ".join(shlex.quote(a) for a in argv)
+            if self._staged:  # staged before: invoked by path, nothing sent
+                command = f'f="{path}"; [ -f "$f" ] || exit {STAGED_MISSING}; exec python3 "$f" {quoted}'
+                stdin = None
+            else:  # first contact: one round trip that stages it (when missing) and runs it
+                command = (f'f="{path}"; d="$HOME/.cache/reconciler"; if [ -f "$f" ]; then cat > /dev/null; '
+                           f'elif ! {{ mkdir -p "$d" && cat > "$d/.agent.$$" && mv "$d/.agent.$$" "$f"; }}; '
+                           f'then exit {STAGED_MISSING + 1}; fi; exec python3 "$f" {quoted}')
+                stdin = program.encode()
+            env = f"export DOCKER_HOST={shlex.quote(self.machine.docker_host)}; " if self.machine.docker_host else ""
+            rc, out, err = self._exec(env + command, stdin, self.command_timeout)
+            if rc == STAGED_MISSING and not out:
+                self._staged, rc = None, None
+                continue
+            if rc == STAGED_MISSING + 1 and not out:
+                self._staged, rc = False, None  # it cannot be kept here: the source every time
+                break
+            self._staged = True
+            break
+        if rc is None:
+            command = docker_prefix(self.machine) + "python3 - " + " ".join(shlex.quote(a) for a in argv)
+            rc, out, err = self._exec(command, program.encode(), self.command_timeout)
         if rc != 0:
             tail = err.decode("utf-8", "replace").strip()[-300:]
             if rc == 127:

@@ -204,3 +204,25 @@ def test_stage_keeps_a_workspace_only_for_the_same_spec(sshd, root, bundle_dir):
         assert Path(ws, "runtime", "marker").exists()  # refused, and left untouched
     finally:
         t.close()
+
+
+def test_the_probe_is_staged_once_then_invoked_by_path(sshd, root):
+    from reconciler.backends.ssh import agent_hash
+
+    staged = Path(sshd.home) / ".cache" / "reconciler" / f"agent-{agent_hash()}.py"
+    if staged.exists():
+        staged.unlink()
+    t = SshTransport(info(sshd, root))
+    sent = []
+    real = t._exec
+    t._exec = lambda command, stdin, timeout, sink=None: (sent.append(len(stdin or b"")), real(command, stdin, timeout, sink))[1]
+    try:
+        assert t.agent({"op": "probe", "names": []})["runs"] == {}
+        assert staged.is_file() and sent[0] > 10_000  # first contact: the source, once
+        assert t.agent({"op": "probe", "names": []})["runs"] == {}
+        assert sent[1] == 0 and t.round_trips == 2  # then by path: nothing sent, one round trip
+        staged.unlink()  # removed behind its back (a cleaned home): sent and staged again
+        assert t.agent({"op": "probe", "names": []})["runs"] == {}
+        assert staged.is_file() and t.agent({"op": "probe", "names": []})["runs"] == {}
+    finally:
+        t.close()
