@@ -186,6 +186,12 @@ class StatusCache:
     def forget(self, name: str) -> None:
         self._items.pop(f"{name}.yaml", None)
 
+    def remember(self, status_dir: Path, st: RunStatus) -> None:
+        """The status this process just wrote: the next pass need not parse the file again."""
+        key = file_key(status_dir / f"{st.name}.yaml")
+        if key is not None:
+            self._items[f"{st.name}.yaml"] = (key, st)
+
 
 def _parse_status(path: Path, y: YAML) -> RunStatus | None:
     try:

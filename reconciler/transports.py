@@ -36,9 +36,10 @@ class TransportPool:
     pass to pass while the machine's settings are unchanged; without it, every pass connects anew
     and closes at its end."""
 
-    def __init__(self, cfg: Config, desired: DesiredState, kept: dict | None = None):
+    def __init__(self, cfg: Config, desired: DesiredState, kept: dict | None = None, factory=None):
         self.cfg = cfg
         self.kept = kept
+        self.factory = factory  # MachineInfo → transport, instead of SSH (the scale benchmark's simulation)
         self._machines = {}
         self._fleet_of = {}
         self._source = {id(f.obj): f.rel for f in desired.files if f.obj is not None}
@@ -162,6 +163,8 @@ class TransportPool:
                 info = self.info(name)
                 if name == LOCAL:
                     t = LocalTransport(info)
+                elif self.factory is not None:
+                    t = self.factory(info)
                 else:
                     from .backends.ssh import SshTransport
 

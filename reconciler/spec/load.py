@@ -44,6 +44,7 @@ class SpecFile:
     # The parsed mapping, once its kind is known and allowed where the file is: the cross-file checks
     # read it even when the schema refused the file, so one `validate` shows every problem.
     data: dict | None = field(default=None, repr=False)
+    digest: str | None = field(default=None, repr=False)  # a Run's spec digest, computed once per content
 
     @property
     def ok(self) -> bool:
@@ -283,7 +284,8 @@ def yaml_files(base: Path) -> list[Path]:
     out: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(base):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        out.extend(Path(dirpath) / name for name in sorted(filenames)
+        # PurePath parsing costs more than reading a small file: join strings, make the Path once.
+        out.extend(Path(os.path.join(dirpath, name)) for name in sorted(filenames)
                    if name.endswith((".yaml", ".yml")) and not name.startswith("."))
     return out
 
@@ -371,7 +373,9 @@ def load_tree(root: Path, cache: SpecCache | None = None, only: set[Path] | None
                 desired.invalid_providers.setdefault(f.name_hint, diags[0].text() if diags else "invalid")
             continue
         if isinstance(f.obj, Run):
-            desired.runs[f.obj.metadata.name] = RunEntry(f.obj, f.rel, run_digest(f.obj))
+            if f.digest is None:
+                f.digest = run_digest(f.obj)
+            desired.runs[f.obj.metadata.name] = RunEntry(f.obj, f.rel, f.digest)
         elif isinstance(f.obj, ExecutionTemplate):
             desired.templates[f.obj.id] = f.obj
         elif isinstance(f.obj, Fleet):
