@@ -65,7 +65,8 @@ def bench_plan(n: int, repeat: int) -> list[float]:
         kind = i % 4
         state = {0: "running", 1: "running", 2: "succeeded", 3: "failed"}[kind]
         local.runs[ident] = ObservedRun(ident, "local", state, exit_code=None if kind < 2 else (0 if kind == 2 else 1),
-                                        finished_at=900.0 if kind >= 2 else None, collected=kind >= 2)
+                                        finished_at=900.0 if kind >= 2 else None, collected=kind >= 2,
+                                        spec_digest=entry.digest)  # built for this spec: adopted, not replaced
         previous[name] = statuses.RunStatus(
             name=name, phase={0: "Running", 1: "Running", 2: "Succeeded", 3: "Pending"}[kind], generation=1,
             attempt=1, spec=statuses.SpecRef(digest=entry.digest),
@@ -76,6 +77,7 @@ def bench_plan(n: int, repeat: int) -> list[float]:
         plan = make_plan(desired, world, previous, 1000.0)
         times.append(time.perf_counter() - t0)
     assert len(plan.changes) == n
+    assert not any(c.action in ("launch", "relaunch") for c in plan.changes), "the fixture should launch nothing"
     return times
 
 

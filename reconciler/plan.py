@@ -175,6 +175,18 @@ class Slot:
     foreign_gpus: set[int] = field(default_factory=set)  # used by processes the reconciler did not start
     labels: dict[str, str] = field(default_factory=dict)
     gpu_memory: dict[str, float] = field(default_factory=dict)  # GPU type (lower case) → GB per GPU, when known
+    cpu_total: int | None = None  # what the Fleet says the machine has (None: not said, not checked)
+    memory_total: float | None = None
+    cpu_used: float = 0.0  # by the live runs whose spec asks for CPUs, and by this plan's placements
+    memory_used: float = 0.0
+
+    def host_room(self, cpus: int | None, memory: float | None) -> str | None:
+        """Why the machine's CPUs or memory cannot hold the run, or None."""
+        if cpus and self.cpu_total is not None and self.cpu_used + cpus > self.cpu_total:
+            return f"{self.cpu_total - self.cpu_used:g} free CPU(s) of {cpus} wanted"
+        if memory and self.memory_total is not None and self.memory_used + memory > self.memory_total:
+            return f"{self.memory_total - self.memory_used:g} GB free memory of {memory:g} wanted"
+        return None
     _counts: dict = field(default_factory=dict, repr=False, compare=False)  # GPU type → free count (cache)
 
     def free_count(self, gpu_type: str | None) -> int:
@@ -242,7 +254,8 @@ def _slots(desired: DesiredState, world: ObservedWorld, settings: PlanSettings) 
                 for _ in range(g.count):
                     types[len(types)] = g.type
             slots[m.name] = Slot(m.name, "ssh", fleet.metadata.name, m.max_tasks, types, labels=dict(m.labels),
-                                 gpu_memory={g.type.lower(): g.memory_gb for g in m.resources.gpus if g.memory_gb})
+                                 gpu_memory={g.type.lower(): g.memory_gb for g in m.resources.gpus if g.memory_gb},
+                                 cpu_total=m.resources.cpu_count, memory_total=m.resources.memory_gb)
     for name, obs in world.machines.items():
         slot = slots.get(name)
         if slot is None:
@@ -256,6 +269,14 @@ def _slots(desired: DesiredState, world: ObservedWorld, settings: PlanSettings) 
             if r.alive:
                 slot.tasks += 1
                 slot.used_gpus.update(r.gpus)
+                if slot.cpu_total is not None or slot.memory_total is not None:
+                    p = parse(r.identity)
+                    entry = desired.runs.get(p.name) if p is not None else None
+                    template = desired.templates.get(entry.run.spec.template) if entry is not None else None
+                    if template is not None:
+                        res = effective(entry.run, template).resources
+                        slot.cpu_used += res.cpu_count or 0
+                        slot.memory_used += res.memory_gb or 0.0
     return slots
 
 
@@ -792,7 +813,8 @@ def _place(name, entry, desired, slots, ident, code, why, stale, base, resume_fr
                        identity=ident, kill=stale, retry_after=60.0, **base)]
     wanted = res.wanted_types()
     spec = entry.run.spec
-    if len(wanted) > 1 or res.gpu_memory_gb is not None or eff.selector or spec.affinity or spec.antiAffinity:
+    if (len(wanted) > 1 or res.gpu_memory_gb is not None or eff.selector or spec.affinity or spec.antiAffinity
+            or res.cpu_count or res.memory_gb):
         return _place_constrained(name, eff, candidates, res, wanted, ident, action, code, why, stale, base,
                                   resume_from, fallback, entry, book)
     # Within one plan capacity only shrinks: once a request found no room among these candidates,
@@ -879,6 +901,10 @@ def _place_constrained(name, eff, candidates, res, wanted, ident, action, code, 
             rejected.append(f"{slot.name}: runs {', '.join(book.runs_with(slot.name, spec.antiAffinity, name))} "
                             f"with {_labels(spec.antiAffinity)} (anti-affinity)")
             continue
+        short = slot.host_room(res.cpu_count, res.memory_gb)
+        if short:
+            rejected.append(f"{slot.name}: {short}")
+            continue
         types = slot.types_for(wanted, res.gpu_memory_gb)
         if not types:
             rejected.append(f"{slot.name}: no GPU of " + ("/".join(t or "any" for t in wanted))
@@ -896,6 +922,8 @@ def _place_constrained(name, eff, candidates, res, wanted, ident, action, code, 
     if best is not None:
         (left, _, _, _, t), slot = best
         gpus = slot.take(res.gpu_count, t)
+        slot.cpu_used += res.cpu_count or 0
+        slot.memory_used += res.memory_gb or 0.0
         book.placed_on(slot.name, name)
         model = f" {t}" if t else ""
         considered = [f"{slot.name}: chosen (owned" + (f"; {left}{model} GPU(s) left free)" if res.gpu_count else ")")]

@@ -1,9 +1,10 @@
 """Table-driven placement cases: tests/scheduling_cases/NN-name.yaml (the world) and NN-name.txt
 (what the planner decides for each run, with its explanation). Pure: no SSH, no provider.
 
-A case gives fleet machines (GPUs, type, memory, labels), live instances (``busy``: run →
+A case gives fleet machines (GPUs, type, GPU memory, CPUs, host memory, labels), live instances (``busy``: run →
 [machine, GPUs, seconds it has run]), an optional Policy, provider offers and ``fallback: rental``,
-the runs (priority, GPUs, type or any-of types, least memory, selector, labels, affinity, anti) and previous
+the runs (priority, GPUs, type or any-of types, least GPU memory, CPUs, host memory, selector,
+labels, affinity, anti) and previous
 statuses (``phase``, ``since``). To regenerate the expected files after an intended change:
 ``UPDATE_SCHEDULING_CASES=1 pytest tests/test_scheduling_cases.py``, then read the diff.
 """
@@ -40,8 +41,10 @@ def build(case: dict, root: Path):
     machines = []
     for name, m in case["machines"].items():
         gpus = {"type": m.get("type", "H100"), "count": m["gpus"], **({"memory_gb": m["memory"]} if "memory" in m else {})}
+        resources = {"gpus": [gpus], **({"cpu_count": m["cpus"]} if "cpus" in m else {}),
+                     **({"memory_gb": m["memory_gb"]} if "memory_gb" in m else {})}
         machines.append({"name": name, "ssh": {"host": "h", "user": "u", "host_key": KEY}, "max_tasks": 8,
-                         "resources": {"gpus": [gpus]}, "labels": m.get("labels", {})})
+                         "resources": resources, "labels": m.get("labels", {})})
     _write(root / "specs" / "fleets" / "lab.yaml", {"apiVersion": "reconciler/v1", "kind": "Fleet",
                                                     "metadata": {"name": "lab"}, "spec": {"machines": machines}})
     if case.get("policy") is not None:
@@ -56,8 +59,12 @@ def build(case: dict, root: Path):
         res = {"gpu_count": r.get("gpus", 1)}
         if "types" in r:
             res["gpu_types"] = r["types"]
-        else:
+        elif res["gpu_count"]:
             res["gpu_type"] = r.get("type", "H100")
+        if "cpus" in r:
+            res["cpu_count"] = r["cpus"]
+        if "host_memory" in r:
+            res["memory_gb"] = r["host_memory"]
         if "memory" in r:
             res["gpu_memory_gb"] = r["memory"]
         overrides = {"resources": res, **({"selector": r["selector"]} if "selector" in r else {})}
