@@ -330,20 +330,27 @@ class SshTransport:
         script = f"cd {shlex.quote(ws)} || exit 97\nexec tar -cf - {shlex.quote(rel)}"
         dest = Path(dest)
         dest.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=dest) as spool:
+        rc, err = self._untar(script, dest, dest, max(self.command_timeout, 3600.0), _plain_member, sink_wrapper)
+        if rc != 0:
+            raise TemporaryError(f"copying {rel} of {identity} from {self.where} failed (exit {rc}): {err}")
+
+    def _untar(self, script: str, spool_dir: Path, dest: Path, timeout: float, keep, sink_wrapper=None):
+        """Run ``script`` (a tar on stdout), spool its output to disk, and unpack the members that
+        ``keep`` lets through into ``dest``. Returns (exit code, stderr); nothing unpacked on failure."""
+        with tempfile.TemporaryFile(dir=spool_dir) as spool:
             sink = sink_wrapper(spool) if sink_wrapper is not None else spool
-            rc, _, err = self._exec("sh -c " + shlex.quote(script), None, max(self.command_timeout, 3600.0), sink=sink)
+            rc, _, err = self._exec("sh -c " + shlex.quote(script), None, timeout, sink=sink)
             if rc != 0:
-                raise TemporaryError(f"copying {rel} of {identity} from {self.where} failed (exit {rc}): "
-                                     f"{err.decode('utf-8', 'replace').strip()[:300]}")
+                return rc, err.decode("utf-8", "replace").strip()[:300]
             spool.seek(0)
             with tarfile.open(fileobj=spool, mode="r|") as tar:
                 if hasattr(tarfile, "data_filter"):
-                    tar.extractall(dest, filter=_plain_member)
+                    tar.extractall(dest, filter=keep)
                 else:
                     for member in tar:
-                        if _plain_member(member, str(dest)) is not None:
+                        if keep(member, str(dest)) is not None:
                             tar.extract(member, dest)
+        return 0, ""
 
     def stage(self, bundle: Path, identity: str, spec_digest: str = "") -> str:
         """Unpack the bundle as the identity's workspace, atomically. A workspace already there is
@@ -381,37 +388,26 @@ class SshTransport:
                   "exec tar -cf - --exclude=runtime/secrets.env --exclude=runtime/.secrets.env.tmp runtime artifacts")
         dest = Path(dest)
         dest.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=dest.parent) as spool:
-            rc, _, err = self._exec("sh -c " + shlex.quote(script), None, max(self.command_timeout, 600.0), sink=spool)
-            if rc == 97:
-                raise TemporaryError(f"workspace of {identity} is gone from {self.where}")
-            if rc != 0:
-                raise TemporaryError(f"fetching {identity} from {self.where} failed (exit {rc}): "
-                                     f"{err.decode('utf-8', 'replace').strip()[:300]}")
-            spool.seek(0)
-            with tarfile.open(fileobj=spool, mode="r|") as tar:
-                if hasattr(tarfile, "data_filter"):
-                    tar.extractall(dest, filter=_only_runtime_and_artifacts)
-                else:
-                    for member in tar:
-                        if _only_runtime_and_artifacts(member, str(dest)) is not None:
-                            tar.extract(member, dest)
+        rc, err = self._untar(script, dest.parent, dest, max(self.command_timeout, 600.0), _only_runtime_and_artifacts)
+        if rc == 97:
+            raise TemporaryError(f"workspace of {identity} is gone from {self.where}")
+        if rc != 0:
+            raise TemporaryError(f"fetching {identity} from {self.where} failed (exit {rc}): {err}")
 
 
 def _plain_member(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
+    """tarfile's 'data' filter: no absolute paths, no escapes, no devices."""
     if hasattr(tarfile, "data_filter"):
         return tarfile.data_filter(member, path)
     if member.name.startswith("/") or ".." in member.name.split("/") or not (member.isfile() or member.isdir()):
-        return None
+        return None  # python < 3.10.12: the same rules, by hand
     return member
 
 
 def _only_runtime_and_artifacts(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
-    """tarfile's 'data' filter (no absolute paths, no escapes, no devices) limited to two folders."""
-    if hasattr(tarfile, "data_filter"):
-        member = tarfile.data_filter(member, path)
-    elif (member.name.startswith("/") or ".." in member.name.split("/")
-          or not (member.isfile() or member.isdir())):  # python < 3.10.12: the same rules, by hand
+    """The 'data' filter, limited to two folders and never the secrets file."""
+    member = _plain_member(member, path)
+    if member is None:
         return None
     top = member.name.split("/", 1)[0]
     if top not in ("runtime", "artifacts") or member.name.endswith("secrets.env"):

@@ -147,3 +147,31 @@ def _message(text: str) -> str:
         if parts:
             return ": ".join(parts)
     return text.strip()[:200]
+
+
+class HttpAdapter:
+    """What the adapters of HTTP APIs share: a rate-limited client per provider, the bearer key
+    read at each call (a secret rotated on the reconciler host is used at once), the catalog."""
+
+    api = "http"  # the bucket's namespace, per API
+    default_base = ""
+
+    def __init__(self, provider, ctx):
+        self.provider, self.ctx = provider, ctx
+        spec = provider.spec
+        base = spec.endpoint or self.default_base
+        self.client = ApiClient(f"provider {provider.metadata.name}", base, {},
+                                bucket_for((self.api, base, provider.metadata.name), spec.rateLimit.requestsPerSecond,
+                                           spec.rateLimit.burst))
+
+    @property
+    def calls(self) -> int:
+        return self.client.calls
+
+    def _auth(self) -> None:
+        from .base import credential
+
+        self.client.headers["Authorization"] = "Bearer " + credential(self.provider, self.ctx)
+
+    def offers(self):
+        return list(self.provider.spec.offers)

@@ -19,8 +19,8 @@ from __future__ import annotations
 from ..errors import TemporaryError
 from ..spec.models import Offer, Provider
 from ..status import parse_iso
-from .base import AdapterContext, Rental, credential, offer_resource, public_key
-from .http import ApiClient, bucket_for
+from .base import AdapterContext, Rental, offer_resource, public_key
+from .http import HttpAdapter
 
 BASE = "https://cloud.lambdalabs.com/api/v1"
 STATES = {"booting": "provisioning", "active": "running", "unhealthy": "failed", "terminating": "terminating",
@@ -31,26 +31,14 @@ def make(provider: Provider, ctx: AdapterContext) -> "LambdaAdapter":
     return LambdaAdapter(provider, ctx)
 
 
-class LambdaAdapter:
+class LambdaAdapter(HttpAdapter):
+    api = "lambda"
+    default_base = BASE
+
     def __init__(self, provider: Provider, ctx: AdapterContext):
-        self.provider, self.ctx = provider, ctx
-        spec = provider.spec
-        base = spec.endpoint or BASE
-        self.client = ApiClient(f"provider {provider.metadata.name}", base, {},
-                                bucket_for(("lambda", base, provider.metadata.name), spec.rateLimit.requestsPerSecond,
-                                           spec.rateLimit.burst))
+        super().__init__(provider, ctx)
         self._key_name: str | None = None
-        self._offers = {offer_resource(o): o for o in spec.offers}
-
-    @property
-    def calls(self) -> int:
-        return self.client.calls
-
-    def _auth(self) -> None:
-        self.client.headers["Authorization"] = "Bearer " + credential(self.provider, self.ctx)
-
-    def offers(self) -> list[Offer]:
-        return list(self.provider.spec.offers)
+        self._offers = {offer_resource(o): o for o in provider.spec.offers}
 
     def _ssh_key(self) -> str:
         if self._key_name is not None:

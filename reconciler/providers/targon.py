@@ -21,8 +21,8 @@ from urllib.parse import urlparse
 from ..errors import PermanentError, TemporaryError
 from ..spec.models import Offer, Provider
 from ..status import parse_iso
-from .base import AdapterContext, Rental, credential, offer_resource, public_key
-from .http import ApiClient, bucket_for
+from .base import AdapterContext, Rental, offer_resource, public_key
+from .http import HttpAdapter
 
 BASE = "https://api.targon.com/tha/v2"
 STATES = {"registered": "provisioning", "pending": "provisioning", "provisioning": "provisioning",
@@ -34,27 +34,15 @@ def make(provider: Provider, ctx: AdapterContext) -> "TargonAdapter":
     return TargonAdapter(provider, ctx)
 
 
-class TargonAdapter:
+class TargonAdapter(HttpAdapter):
+    api = "targon"
+    default_base = BASE
+
     def __init__(self, provider: Provider, ctx: AdapterContext):
-        self.provider, self.ctx = provider, ctx
-        spec = provider.spec
-        base = spec.endpoint or BASE
-        self.client = ApiClient(f"provider {provider.metadata.name}", base, {},
-                                bucket_for(("targon", base, provider.metadata.name), spec.rateLimit.requestsPerSecond,
-                                           spec.rateLimit.burst))
+        super().__init__(provider, ctx)
         self._key_uid: str | None = None
         self._endpoints: dict[str, tuple[str, int]] = {}  # uid → (host, port), once running
-        self._offers = {offer_resource(o): o for o in spec.offers}
-
-    @property
-    def calls(self) -> int:
-        return self.client.calls
-
-    def _auth(self) -> None:
-        self.client.headers["Authorization"] = "Bearer " + credential(self.provider, self.ctx)
-
-    def offers(self) -> list[Offer]:
-        return list(self.provider.spec.offers)
+        self._offers = {offer_resource(o): o for o in provider.spec.offers}
 
     def _ssh_key(self) -> str:
         if self._key_uid is not None:
