@@ -93,7 +93,7 @@ class Reconciler:
         t0 = time.perf_counter()
         cfg = self.cfg
         now = time.time() if now is None else now
-        desired = load_tree(cfg.repo, self.cache)
+        desired = load_tree(cfg.repo, self.cache, tree_version=gitops.head(self.repo))
         status_dir = cfg.repo / "status"
         candidates = {n: s.key for n, s in self.settled.items()
                       if n not in desired.invalid and _digest(desired, n) == s.digest}

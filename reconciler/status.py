@@ -244,9 +244,8 @@ def load_all(status_dir: Path, cache: StatusCache | None = None,
     with os.scandir(status_dir) as entries:
         files = sorted((e.name, e) for e in entries if e.name.endswith(".yaml") and not e.name.startswith("."))
     for name, entry in files:
-        path = Path(entry.path)
         if cache is None and not skip:
-            st = _parse_status(path, y)
+            st = _parse_status(Path(entry.path), y)
         else:
             try:
                 s = entry.stat()
@@ -263,7 +262,7 @@ def load_all(status_dir: Path, cache: StatusCache | None = None,
             else:
                 if cache is not None:
                     cache._items.pop(name, None)  # let the stale copy go before parsing the new one
-                st = _parse_status(path, y)
+                st = _parse_status(Path(entry.path), y)
             seen[name] = (key, st)
         if st is not None:
             out[st.name] = st

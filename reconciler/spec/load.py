@@ -183,6 +183,10 @@ class SpecCache:
     def __init__(self) -> None:
         self._items: dict[str, SpecFile] = {}
         self.hits = 0
+        # The cross-file checks of the last tree, and what it was: every file's content and the
+        # commit checked out (inputs are repository files: a new commit may have changed them).
+        self.cross_key: tuple | None = None
+        self.cross: dict | None = None
 
     def __len__(self) -> int:
         return len(self._items)
@@ -203,18 +207,20 @@ class SpecCache:
             del self._items[rel]
 
 
-def load_file(path: Path, root: Path | None, locator: Locator, cache: SpecCache | None = None,
+def load_file(path: Path | str, root: Path | None, locator: Locator, cache: SpecCache | None = None,
               expect_kind: str | None = None, rel: str | None = None) -> SpecFile:
-    rel = rel or relpath(path, root)
+    rel = rel or relpath(Path(path), root)
     try:
-        raw = path.read_bytes()
+        with open(path, "rb") as fh:
+            raw = fh.read()
     except OSError as e:
-        return SpecFile(path, rel, "", diags=[Diagnostic(rel, 0, 0, f"cannot read: {e.strerror}")])
+        return SpecFile(Path(path), rel, "", diags=[Diagnostic(rel, 0, 0, f"cannot read: {e.strerror}")])
     sha = hashlib.sha256(raw).hexdigest()
     if cache is not None:
         hit = cache.get(rel, sha)
         if hit is not None:
             return hit
+    path = Path(path)
     f = SpecFile(path, rel, sha, name_hint=path.stem if is_dns_label(path.stem) else None)
     _parse_into(f, raw, locator, expect_kind)
     if cache is not None:
@@ -290,9 +296,17 @@ def yaml_files(base: Path) -> list[Path]:
     return out
 
 
-def discover(root: Path) -> list[tuple[Path, str | None]]:
-    """All spec files under specs/ and execution_templates/, in a stable order."""
-    return [(p, expect) for top, expect in zip(SPEC_DIRS, (None, "ExecutionTemplate")) for p in yaml_files(root / top)]
+def discover(root: Path) -> list[tuple[str, str | None]]:
+    """All spec files under specs/ and execution_templates/ (paths as strings), in a stable order.
+    Strings, not Paths: making a Path costs more than reading a small file, and a pass looks at
+    every file; load_file makes one only for a file it parses."""
+    out = []
+    for top, expect in zip(SPEC_DIRS, (None, "ExecutionTemplate")):
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, top)):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            out.extend((os.path.join(dirpath, name), expect) for name in sorted(filenames)
+                       if name.endswith((".yaml", ".yml")) and not name.startswith("."))
+    return out
 
 
 @dataclass
@@ -341,17 +355,20 @@ def run_digest(run: Run) -> str:
     return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
 
 
-def load_tree(root: Path, cache: SpecCache | None = None, only: set[Path] | None = None) -> DesiredState:
+def load_tree(root: Path, cache: SpecCache | None = None, only: set[Path] | None = None,
+              tree_version: str | None = None) -> DesiredState:
     """Load and check the whole repository.
 
     ``only`` limits the reported diagnostics to some files (``reconcile validate FILE...``); a name
     or id one of them shares with another file is then reported against it (see ``cross_checks``).
+    ``tree_version``: the commit checked out, from a caller that keeps ``cache`` (the daemon): the
+    cross-file checks are then reused while neither it nor any spec file changed.
     """
     from .checks import cross_checks
 
     locator = Locator()
     prefix = len(str(root)) + 1
-    files = [load_file(p, root, locator, cache, expect, str(p)[prefix:]) for p, expect in discover(root)]
+    files = [load_file(p, root, locator, cache, expect, p[prefix:]) for p, expect in discover(root)]
     if cache is not None and only is None:
         cache.retain({f.rel for f in files})
     if only is not None:  # an empty set means "report on no file", not "on every file"
@@ -361,7 +378,14 @@ def load_tree(root: Path, cache: SpecCache | None = None, only: set[Path] | None
                 files.append(load_file(p, root, locator, cache, None))
     desired = DesiredState(files=files)
     wanted = {relpath(p, root) for p in only} if only is not None else None
-    cross = cross_checks(root, files, locator, given=wanted)
+    key = (tree_version, tuple((f.rel, f.sha) for f in files)) if cache is not None and only is None \
+        and tree_version is not None else None
+    if key is not None and cache.cross_key == key:
+        cross = cache.cross
+    else:
+        cross = cross_checks(root, files, locator, given=wanted)
+        if key is not None:
+            cache.cross_key, cache.cross = key, cross
     for f in files:
         diags = f.diags + cross.get(f.rel, [])
         desired.diagnostics.extend(diags)

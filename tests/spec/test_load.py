@@ -156,7 +156,7 @@ def test_discover_skips_hidden_and_other_extensions(repo: Path) -> None:
     write(repo, "specs/runs/.x.yaml", "garbage: [")
     write(repo, "specs/runs/notes.md", "# notes")
     write(repo, "specs/runs/e.yml", run_text("e"))
-    names = [p.name for p, _ in load.discover(repo)]
+    names = [os.path.basename(p) for p, _ in load.discover(repo)]
     assert "x.yaml" not in names and ".x.yaml" not in names and "notes.md" not in names and "e.yml" in names
 
 
