@@ -164,17 +164,25 @@ def _age(text: str | None, now: float) -> str:
     return f"{s}s"
 
 
+def _print_table(rows: list[tuple[str, ...]]) -> None:
+    """Columns padded to their widest cell; the last one, free text, is not padded."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] if r[-1] else
+              "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
 def machine_states(cfg: configs.Config) -> list[dict]:
     """Each machine as the reconciler sees it now (one probe each): attached, draining (taking
     nothing new, work still running), drained (nothing left: free for manual use) or unreachable."""
     from .observe import observe
     from .plan import LOCAL
     from .spec.load import load_tree
-    from .transports import TransportPool
+    from .transports import recorded_pool
 
     desired = load_tree(cfg.repo)
     previous = statuses.load_all(cfg.repo / "status")
-    pool = TransportPool(cfg, desired)
+    pool = recorded_pool(cfg, desired, previous)
     fleet = {m.name: m for f in desired.fleets.values() for m in f.spec.machines}
     try:
         world = observe(pool.machines(previous), pool.get, [], previous, time.time())
@@ -210,9 +218,7 @@ def cmd_machines(args: argparse.Namespace) -> int:
     for r in rows:
         limit = "" if r["max_tasks"] is None else f"/{r['max_tasks']}"
         table.append((r["name"], r["connect"], r["state"], f"{r['tasks']}{limit}", r["reason"][:100]))
-    widths = [max(len(t[i]) for t in table) for i in range(4)]
-    for t in table:
-        print("  ".join(t[i].ljust(widths[i]) for i in range(4)) + "  " + t[4])
+    _print_table(table)
     return 0
 
 
@@ -328,9 +334,7 @@ def cmd_rentals(args: argparse.Namespace) -> int:
                           f"{r['price_per_hour']:g}" if r["price_per_hour"] is not None else "-",
                           f"{r['rental_cost']:.2f}" if r["rental_cost"] is not None else "-",
                           "yes" if r["orphan"] else "no"))
-        widths = [max(len(t[i]) for t in table) for i in range(len(table[0]))]
-        for t in table:
-            print("  ".join(t[i].ljust(widths[i]) for i in range(len(t))).rstrip())
+        _print_table(table)
     for name, why in sorted(errors.items()):
         print(f"provider {name}: inventory unavailable: {why}", file=sys.stderr)
     if args.reap:
@@ -371,9 +375,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         since = st.history[-1].time if st.history else st.observed_at
         rows.append((name, st.phase, f"{st.generation}/{st.attempt}", (st.handle and st.handle.machine) or "-",
                      _age(since, now), (st.message or "")[:80]))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    for r in rows:
-        print("  ".join(r[i].ljust(widths[i]) for i in range(5)) + "  " + r[5])
+    _print_table(rows)
     return 0
 
 

@@ -27,7 +27,7 @@ from .config import Config
 from .errors import ReconcilerError
 from .plan import LOCAL
 from .spec.load import load_tree
-from .transports import TransportPool
+from .transports import recorded_pool
 
 STREAMS = {"stdout": ["artifacts/stdout.log"], "stderr": ["artifacts/stderr.log"],
            "both": ["artifacts/stdout.log", "artifacts/stderr.log"]}
@@ -87,7 +87,7 @@ def follow_logs(cfg: Config, name: str, stream: str, lines: int, follow: bool, i
     def has_copy() -> bool:  # asked again when a workspace is gone: collection may have happened meanwhile
         return machine != LOCAL and collected is not None and collected.is_dir()
 
-    pool = TransportPool(cfg, load_tree(cfg.repo))
+    pool = recorded_pool(cfg, load_tree(cfg.repo), {name: st})
     try:
         if st.phase in statuses.TERMINAL and has_copy():
             machine, ws = LOCAL, str(collected)

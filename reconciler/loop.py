@@ -81,7 +81,7 @@ class Reconciler:
         # Where a run's secrets are looked up at launch (the reconciler host's environment).
         self.secret_source: Callable[[str], str | None] = os.environ.get
         self.providers = Providers(cfg.repo, cfg.state_dir, lambda name: self.secret_source(name))
-        self.rental_calls = 0  # provider API calls of the last pass (benchmarks read it)
+        self._passes = 0  # counts passes for the periodic full collection
 
     def settings(self) -> PlanSettings:
         if self._gpus is None:
@@ -101,7 +101,6 @@ class Reconciler:
         previous = statuses.load_all(status_dir, self.status_cache, skip=candidates, skipped=skipped)
         pool = TransportPool(cfg, desired, self.connections, self.transport_factory)
         try:
-            calls0 = self.providers.calls()
             rentals, provider_errors = self._observe_rentals(desired)
             pool.add_rentals(rentals, provider_errors, self.providers, previous)
             machines = pool.machines(previous)
@@ -146,7 +145,6 @@ class Reconciler:
                 os._exit(137)
         finally:
             pool.close()
-            self.rental_calls = self.providers.calls() - calls0
         by_name = {o.name: o for o in result.outcomes if not o.side}
         phases = {n: st.phase for n, st in previous.items()}
         written: dict[str, statuses.RunStatus] = {}
@@ -210,7 +208,7 @@ class Reconciler:
         them again and again during the next pass (a third of a big pass's time otherwise).
         Refcounting still frees what is dropped; every FULL_GC_EVERY passes the collector looks at
         everything once, for cycles."""
-        self._passes = getattr(self, "_passes", 0) + 1
+        self._passes += 1
         if self._passes % FULL_GC_EVERY == 0:
             gc.unfreeze()
             gc.collect()

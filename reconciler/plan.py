@@ -33,7 +33,7 @@ import heapq
 import json
 from dataclasses import asdict, dataclass, field
 
-from .identity import make, parse  # noqa: F401
+from .identity import make, parse
 from .observed import ObservedRun, ObservedWorld
 from .spec.load import DesiredState, RunEntry
 from .spec.resolve import effective

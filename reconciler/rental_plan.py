@@ -25,7 +25,7 @@ from .observed import ObservedRental, ObservedWorld
 from .offers import fits, offer_key, rental_name
 from .spec.load import DesiredState
 from .spec.models import Offer
-from .status import TERMINAL, RunStatus, iso, parse_iso
+from .status import TERMINAL, RunStatus, cost_so_far, iso, parse_iso
 
 LIVE = ("provisioning", "running")
 
@@ -181,7 +181,7 @@ def place_rental(book: RentalBook, name: str, entry, eff, prev: RunStatus | None
             f"{x.machine}: warm, ranked lower ({x.offer} at {x.price_per_hour:g}/h)" for _, _, x in warm[1:]]
         return out
     # 3. a new rental
-    cost = _so_far(prev, book.now)
+    cost = cost_so_far(prev, book.now) if prev is not None else 0.0
     max_cost = entry.run.spec.maxCost
     if max_cost is not None and cost >= max_cost:
         return side + [Change(name, "wait", "CostLimit", f"the run's rentals cost {cost:.2f} of its maxCost "
@@ -246,15 +246,6 @@ def _release(book: RentalBook, r: ObservedRental, who: str, code: str, why: str)
     c = Change(who, "release", code, why, None, machine=r.machine, rental=rental_info(r))
     book.released[r.machine] = c
     return c
-
-
-def _so_far(prev: RunStatus | None, now: float) -> float:
-    cost = (prev.cost or {}) if prev is not None else {}
-    total = float(cost.get("so_far") or 0.0)
-    since = parse_iso(cost.get("since"))
-    if since is not None and cost.get("price_per_hour"):
-        total += float(cost["price_per_hour"]) * max(0.0, now - since) / 3600.0
-    return total
 
 
 def sweep(book: RentalBook, plan, warnings: list[str]) -> list:

@@ -450,7 +450,7 @@ def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_com
     if change.code == "Preempted" and change.phase is not None and (outcome is None or outcome.ok) and (
             prev is None or prev.condition("Preempted") is None or prev.condition("Preempted").status != "True"):
         st.preemptions = (st.preemptions or 0) + 1
-    if getattr(change, "considered", None) and change.phase is not None and (outcome is None or outcome.ok):
+    if change.considered and change.phase is not None and (outcome is None or outcome.ok):
         st.placement = {"action": change.action, "code": change.code, "considered": list(change.considered[:20])}
     if outcome is not None and outcome.ok and outcome.manifest is not None:
         arts = outcome.manifest.get("artifacts", [])
@@ -518,12 +518,11 @@ def _rental_status(st: RunStatus, change, outcome, now: float) -> None:
 
 def _close_cost(st: RunStatus, now: float) -> None:
     cost = st.cost or {}
-    since = parse_iso(cost.get("since"))
-    if since is None:
+    if parse_iso(cost.get("since")) is None:
         return
-    spent = float(cost.get("price_per_hour") or 0.0) * max(0.0, now - since) / 3600.0
+    total = cost_so_far(st, now)
     st.cost = {k: v for k, v in cost.items() if k not in ("since", "machine")}
-    st.cost["so_far"] = round(float(cost.get("so_far") or 0.0) + spent, 4)
+    st.cost["so_far"] = round(total, 4)
 
 
 def cost_so_far(st: RunStatus, now: float) -> float:

@@ -52,13 +52,23 @@ class TransportPool:
         self._rentals: dict = {}  # machine → ObservedRental (this repository's, from the inventories)
         self._provider_errors: dict[str, str] = {}
         self._pinned: dict[str, str] = {}  # rental machine → host key recorded in a status
+        self._recorded: dict[str, dict] = {}  # rental machine → the endpoint a status recorded
+        self._inventory_read = False  # whether add_rentals gave this pool the providers' inventories
         self._providers = None
         self._provider_specs = dict(desired.providers)
         self.first_keys: dict[str, str] = {}  # rental machine → host key seen on first contact, this pass
 
     def add_rentals(self, rentals: dict, errors: dict[str, str], providers, previous: dict[str, RunStatus]) -> None:
         self._rentals, self._provider_errors, self._providers = rentals, errors, providers
-        self._recorded: dict = {}
+        self._inventory_read = True
+        self.use_recorded(previous)
+
+    def use_recorded(self, previous: dict[str, RunStatus], providers=None) -> None:
+        """Learn the rental endpoints and host keys the statuses recorded. A command that does not
+        read the providers' inventories (``reconcile logs``, ``status --machines``) reaches rentals
+        through these alone, logging in with the key its providers' adapters name."""
+        if providers is not None:
+            self._providers = providers
         for st in previous.values():
             r = st.handle.rental if st.handle is not None else None
             m = st.handle.machine if st.handle is not None else None
@@ -83,7 +93,7 @@ class TransportPool:
         provider = name.split("/", 1)[0]
         r = self._rentals.get(name)
         spec = self._provider_specs.get(provider)
-        if r is None and provider in self._provider_errors and name in self._recorded:
+        if r is None and (provider in self._provider_errors or not self._inventory_read) and name in self._recorded:
             rec = self._recorded[name]
             from .observed import ObservedRental
 
@@ -91,6 +101,8 @@ class TransportPool:
                                state="running", identity="", host=rec["host"], port=rec["port"], user=rec.get("user"),
                                workspace_root=rec.get("workspace_root"), host_key=rec.get("host_key"))
         if r is None:
+            if not self._inventory_read:
+                raise PermanentError(f"rental {name}: no status records its endpoint")
             if provider in self._provider_errors:
                 raise TemporaryError(f"rental {name}: the inventory of {provider} cannot be read "
                                      f"({self._provider_errors[provider]})")
@@ -201,3 +213,17 @@ class TransportPool:
                 except Exception:  # noqa: BLE001
                     pass
         self._open.clear()
+
+
+def recorded_pool(cfg: Config, desired: DesiredState, previous: dict[str, RunStatus]) -> TransportPool:
+    """A pool for a one-off command: Fleet machines as declared, rentals at the endpoints their
+    statuses recorded (no provider's API is called)."""
+    import os
+
+    from .rentals import Providers
+
+    providers = Providers(cfg.repo, cfg.state_dir, os.environ.get)
+    providers.sync(desired)
+    pool = TransportPool(cfg, desired)
+    pool.use_recorded(previous, providers)
+    return pool

@@ -152,3 +152,19 @@ def test_a_docker_run_on_a_rental(rental_world, dockerd) -> None:
     assert (w.bundle("boxed-g1-a1") / "artifacts" / "stdout.log").read_text() == "in a box on a rental\n"
     assert dockerd.docker("ps", "-aq", "--filter", "name=boxed-g1-a1").stdout.strip() == ""
     w.until("boxed", lambda s: w.rentals() == [])
+
+
+def test_logs_and_machine_states_reach_a_rental_through_its_recorded_endpoint(rental_world, capsys) -> None:
+    """One-off commands read no provider's inventory: they log in where the status says the run is."""
+    from reconciler import config
+    from reconciler.commands import machine_states
+    from reconciler.logs import follow_logs
+
+    w = rental_world()
+    w.add_run(run_spec("l", "rental-host", ["sh", "-c", "echo hello-from-rental; sleep 30"]))
+    st = w.until("l", lambda s: s.phase == "Running")
+    cfg = config.load(str(w.repo), flags=w.flags)
+    w.until("l", lambda s: follow_logs(cfg, "l", "stdout", 0, False) == 0
+            and "hello-from-rental" in capsys.readouterr().out)
+    [row] = [r for r in machine_states(cfg) if r["name"] == st.handle.machine]
+    assert (row["state"], row["tasks"]) == ("attached", 1)

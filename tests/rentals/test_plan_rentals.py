@@ -81,7 +81,7 @@ def test_limits_budget_and_bad_offers(tmp_path) -> None:
 def test_a_warm_rental_is_taken_before_a_new_one_and_idle_ones_are_swept(tmp_path) -> None:
     root = repo(tmp_path, {"next": gpus(1, "A10")}, {"cloud": {"idle": 600}})
     warm = ObservedRental(machine="cloud/w1", provider="cloud", id="w1", name=rental_name("ns", "prev-g1-a1"),
-                          state="running", identity="prev-g1-a1", host="10.0.0.1", port=22, offer="a10",
+                          state="running", identity="prev-g1-a1", host="127.0.0.1", port=22, offer="a10",
                           price_per_hour=0.75, created_at=NOW - 3600)
     world = ObservedWorld(at=NOW, rentals={"cloud/w1": warm}, machines={"cloud/w1": ObservedMachine("cloud/w1")})
     prev = {"prev": RunStatus(name="prev", phase="Succeeded", handle=Handle(machine="cloud/w1"),
