@@ -281,7 +281,14 @@ def _prescan(text: str) -> None:
             elif isinstance(ev, yaml.AliasEvent) and ev.anchor in opened:
                 m = ev.start_mark
                 raise YamlProblem(f"alias *{ev.anchor} refers to its own anchor (a recursive structure)", m.line + 1, m.column + 1)
-    except yaml.YAMLError:
+    except yaml.YAMLError as e:
+        # libyaml 0.2.5 with PyYAML >= 6.0.3 refuses more than 1000 nested flow levels while
+        # scanning ahead, before the events reach the limit here: the events of the text up to
+        # where it stopped say where the limit was crossed.
+        mark = getattr(e, "problem_mark", None)
+        if "nesting depth" in str(e) and mark is not None and 0 < mark.index < len(text):
+            _prescan(text[:mark.index])
+            raise YamlProblem(f"nesting deeper than {MAX_DEPTH} levels", mark.line + 1, mark.column + 1) from None
         return
 
 
