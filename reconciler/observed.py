@@ -37,6 +37,8 @@ class ObservedRun:
     permanent: bool = False  # the run itself says retrying cannot help (e.g. its precheck refused it)
     spec_digest: str | None = None  # the spec the workspace was built for (its job.json); None: unreadable
     checkpoints: list[str] = field(default_factory=list)  # complete ones, workspace-relative, oldest first
+    queued: str | None = None  # a cluster's scheduler holds it, not started yet: why (Slurm's reason)
+    job: str | None = None  # the cluster's job id (slurm placement)
 
     def built_for(self, digest: str) -> bool:
         """Whether this instance runs the spec with ``digest``: the one condition for adopting it."""

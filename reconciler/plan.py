@@ -42,6 +42,13 @@ from .status import TERMINAL, RunStatus, iso, parse_iso
 SYMBOL = {"launch": "+", "relaunch": "~", "terminate": "-", "collect": ">", "mark_invalid": "!", "wait": ".",
           "adopt": "=", "none": " ", "provision": "^", "release": "x", "save": "s"}
 LOCAL = "local"
+SLURM_PREFIX = "slurm:"
+
+
+def slurm_machine(settings) -> str:
+    """The machine name of a Slurm cluster: its login host, where its commands run and its shared
+    workspace root is read."""
+    return SLURM_PREFIX + settings.login
 
 
 @dataclass
@@ -609,12 +616,23 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
         eff = effective(entry.run, template)
         quotas = getattr(book, "quotas", None)
         nbase = dict(base, attempt=next_attempt)
+        wanted_gpus = eff.resources.gpu_count * eff.resources.nodes
         if quotas is not None:
-            over = quotas.exceeded(name, eff.resources.gpu_count)
+            over = quotas.exceeded(name, wanted_gpus)
             if over:
                 return [Change(name, "wait", "QuotaExceeded", over, "Pending", identity=make(name, gen, next_attempt),
                                kill=stale, retry_after=60.0, **nbase)]
-        if template.placement.kind == "rental" and book is not None:
+        if template.placement.slurm is not None:
+            # The cluster's scheduler places it: the run is submitted, and waits in Slurm's queue
+            # (with Slurm's reason in the status) rather than in this reconciler's.
+            action = "relaunch" if (stale or code in ("Relaunch", "SpecChanged", "GenerationTaken")) else "launch"
+            s = template.placement.slurm
+            where = slurm_machine(s)
+            part = f"partition {s.partition}" if s.partition else "the default partition"
+            out = [Change(name, action, code, why, "Pending", identity=make(name, gen, next_attempt), machine=where,
+                          backend=eff.backend, kill=stale, resume_from=resume_from,
+                          considered=[f"{where}: submitted to {part}; Slurm chooses the node(s)"], **nbase)]
+        elif template.placement.kind == "rental" and book is not None:
             from .rental_plan import place_rental
 
             action = "relaunch" if (stale or code in ("Relaunch", "SpecChanged", "GenerationTaken")) else "launch"
@@ -625,10 +643,10 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
                          nbase, resume_from, book)
         c = out[-1]
         if quotas is not None and c.action in ("launch", "relaunch", "provision"):
-            note = quotas.borrowing(name, eff.resources.gpu_count)
+            note = quotas.borrowing(name, wanted_gpus)
             if note:
                 c.considered = c.considered + [note]
-            gpus = eff.resources.gpu_count
+            gpus = wanted_gpus
             if c.rental and c.action == "provision":
                 from .quota import _offer_gpus
 
@@ -676,7 +694,15 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
             why += f"; {', '.join(taken)} on the machines ran another spec, so this one runs as generation {gen}"
         return launch(attempt, "NewRun" if prev is None or prev.generation == 0 else "Launch", why)
 
+    if obs.state == "running" and obs.queued is not None:
+        return [Change(name, "wait", "Queued", f"{ident} is queued in Slurm (job {obs.job}): {obs.queued}", "Pending",
+                       identity=ident, machine=obs.machine, kill=stale, retry_after=15.0, **base)]
     if obs.state == "running":
+        if (prev is not None and prev.phase == "Pending" and handle_ident == ident
+                and obs.machine.startswith(SLURM_PREFIX)):
+            return [Change(name, "adopt", "Started", f"Slurm started {ident} (job {obs.job})", "Running",
+                           identity=ident, machine=obs.machine, backend=_backend(entry, desired),
+                           workspace=obs.workspace, gpus=list(obs.gpus), kill=stale, **base)]
         if prev is not None and prev.phase == "Invalid" and handle_ident == ident:
             return [Change(name, "adopt", "SpecValid", f"the spec is valid again; {ident} kept running on {obs.machine}",
                            "Running", identity=ident, machine=obs.machine, backend=_backend(entry, desired),

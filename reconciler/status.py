@@ -44,6 +44,7 @@ class Handle(Lenient):
     workspace: str | None = None
     pid: int | None = None
     container: str | None = None
+    job: str | None = None  # the Slurm job id (slurm placement)
     gpus: list[int] = Field(default_factory=list)
     launched_at: str | None = None
     # A rented machine: {provider, id, name, offer, price_per_hour, host_key, host, port, user,
@@ -412,6 +413,7 @@ def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_com
                     backend=change.backend, machine=change.machine, identity=change.identity, workspace=ws,
                     pid=(launched.pid if launched else None) or (obs.pid if obs else None),
                     container=(launched.container if launched else None) or (obs.container if obs else None),
+                    job=(launched.job if launched else None) or (obs.job if obs else None),
                     gpus=list(change.gpus), launched_at=st.handle.launched_at if keep_time else iso(now),
                 )
             st.exit_code = None
@@ -441,10 +443,13 @@ def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_com
             # whose status never reached git, then found ended): the handle must name it, or the
             # status would pin its end to another instance under this spec.
             st.handle = Handle(backend=change.backend, machine=obs.machine, identity=obs.identity,
-                               workspace=obs.workspace, pid=obs.pid, container=obs.container, gpus=list(obs.gpus),
+                               workspace=obs.workspace, pid=obs.pid, container=obs.container, job=obs.job,
+                               gpus=list(obs.gpus),
                                launched_at=iso(obs.started_at) if obs.started_at else None)
         if st.handle is not None and obs is not None and obs.pid and st.handle.identity == obs.identity:
             st.handle.pid = st.handle.pid or obs.pid
+        if st.handle is not None and obs is not None and obs.job and st.handle.identity == obs.identity:
+            st.handle.job = st.handle.job or obs.job
         _conditions(st, change, now)
     _rental_status(st, change, outcome, now)
     if change.code == "Preempted" and change.phase is not None and (outcome is None or outcome.ok) and (

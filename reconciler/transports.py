@@ -14,10 +14,10 @@ from __future__ import annotations
 import threading
 
 from .backends.base import MachineInfo
-from .backends.local import LocalTransport
+from .backends.local import LocalTransport, StagingLocalTransport
 from .config import Config
 from .errors import PermanentError, TemporaryError
-from .plan import LOCAL
+from .plan import LOCAL, SLURM_PREFIX, slurm_machine
 from .spec.load import DesiredState
 from .status import TERMINAL, RunStatus
 
@@ -47,6 +47,10 @@ class TransportPool:
             for m in fleet.spec.machines:
                 self._machines[m.name] = m
                 self._fleet_of[m.name] = fleet
+        # Slurm clusters, as the machine their login host is (slurm:<login>), with their shared root.
+        self._slurm = {slurm_machine(t.placement.slurm): t.placement.slurm
+                       for t in sorted(desired.templates.values(), key=lambda t: t.id, reverse=True)
+                       if t.placement.slurm is not None}
         self._open: dict[str, object] = {}
         self._lock = threading.Lock()
         self._rentals: dict = {}  # machine → ObservedRental (this repository's, from the inventories)
@@ -80,7 +84,7 @@ class TransportPool:
                 self._recorded.setdefault(m, r)
 
     def machines(self, previous: dict[str, RunStatus]) -> list[str]:
-        names = {LOCAL, *self._machines}
+        names = {LOCAL, *self._machines, *self._slurm}
         names.update(m for m, r in self._rentals.items() if r.state == "running" and r.host and r.port)
         for st in previous.values():
             if st.handle is not None and st.handle.machine and st.phase not in TERMINAL:
@@ -141,9 +145,24 @@ class TransportPool:
             return self._pinned.get(name)
         return self._pinned.get(name) or r.host_key or self.first_keys.get(name)
 
+    def _slurm_info(self, name: str) -> MachineInfo:
+        s = self._slurm.get(name)
+        if s is None:
+            raise PermanentError(f"{name}: no slurm template names login {name.split(':', 1)[1]!r} any more")
+        root = s.workspace_root.rstrip("/") + "/" + self.cfg.repo_namespace
+        if s.login == LOCAL:
+            return MachineInfo(name, root)
+        m = self._machines.get(s.login)
+        if m is None:
+            raise PermanentError(f"{name}: login host {s.login!r} is not declared in any Fleet")
+        return MachineInfo(name, root, python=m.python, fleet_machine=m, known_hosts=self._fleet_of[s.login].spec.known_hosts,
+                           source=self._source.get(id(self._fleet_of[s.login])))
+
     def info(self, name: str) -> MachineInfo:
         if name == LOCAL:
             return MachineInfo(LOCAL, self.cfg.local_root, docker_host=self.cfg.docker_host)
+        if name.startswith(SLURM_PREFIX):
+            return self._slurm_info(name)
         if "/" in name:
             return self._rental_info(name)
         m = self._machines.get(name)
@@ -175,6 +194,8 @@ class TransportPool:
                 info = self.info(name)
                 if name == LOCAL:
                     t = LocalTransport(info)
+                elif info.fleet_machine is None:  # a Slurm cluster whose login host is this machine
+                    t = StagingLocalTransport(info)
                 elif self.factory is not None:
                     t = self.factory(info)
                 else:

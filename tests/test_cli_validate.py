@@ -259,3 +259,35 @@ def test_schema_errors_do_not_hide_the_others(repo: Path) -> None:
         "specs/runs/dangling.yaml:6:3: spec.template: template 'gone' not found (known: local-host)",
         "specs/runs/dangling.yaml:10:3: spec.bogus: unknown key 'bogus'",
         "2 error(s) in 1 file(s); 1 file(s) checked"]
+
+
+SLURM_TEMPLATE = """\
+apiVersion: reconciler/v1
+kind: ExecutionTemplate
+id: {id}
+placement:
+  kind: slurm
+  slurm:
+    workspace_root: {root}
+launch_mode:
+  kind: {mode}
+allow_overrides: [resources]
+"""
+
+
+def test_slurm_templates_and_multi_node_runs_are_checked(tmp_path: Path) -> None:
+    write(tmp_path, "execution_templates/local-host.yaml", TEMPLATE)
+    write(tmp_path, "execution_templates/c1.yaml", SLURM_TEMPLATE.format(id="c1", root="/shared/a", mode="host_process"))
+    write(tmp_path, "execution_templates/c2.yaml", SLURM_TEMPLATE.format(id="c2", root="/shared/b", mode="host_process"))
+    write(tmp_path, "execution_templates/c3.yaml", SLURM_TEMPLATE.format(id="c3", root="/shared/a", mode="docker")
+          .replace("allow_overrides", "defaults: {image: x}\nallow_overrides"))
+    write(tmp_path, "specs/runs/wide.yaml", run_text("wide", extra="  overrides:\n    resources: {nodes: 2}\n"))
+    write(tmp_path, "specs/runs/ok.yaml", run_text("ok", template="c1", extra="  overrides:\n    resources: {nodes: 4}\n"))
+    r = reconcile("validate", cwd=tmp_path)
+    assert r.returncode == 1
+    out = r.stdout + r.stderr
+    assert "execution_templates/c2.yaml:7:5: placement.slurm.workspace_root: login host 'local' has workspace_root '/shared/a' in " \
+           "execution_templates/c1.yaml: one cluster, one root" in out
+    assert "execution_templates/c3.yaml" in out and "host_process" in out
+    assert "specs/runs/wide.yaml:11:" in out and "needs slurm placement; template 'local-host' has local placement" in out
+    assert "specs/runs/ok.yaml" not in out

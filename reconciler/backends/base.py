@@ -69,6 +69,37 @@ class LaunchSpec:
     gpus: list[int] = field(default_factory=list)
     secrets: dict[str, str] = field(default_factory=dict)
     spec_digest: str = ""  # the workspace must have been built for this spec to be started or adopted
+    slurm: "SlurmJob | None" = None  # slurm placement: what sbatch asks for
+
+
+@dataclass
+class SlurmJob:
+    """One run's request to a Slurm cluster: the template's settings and the run's resources."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    partition: str | None = None
+    time_limit: str | None = None
+    gres: str = "gpu"
+    sbatch_args: list[str] = field(default_factory=list)
+    nodes: int = 1
+    gpus_per_node: int = 0
+    cpus_per_node: int | None = None
+    memory_gb: float | None = None
+
+    def sbatch_argv(self, identity: str, workspace: str) -> list[str]:
+        argv = ["sbatch", "--parsable", f"--job-name={identity}", f"--chdir={workspace}",
+                "--output=runtime/slurm-%j.out", f"--nodes={self.nodes}", "--ntasks-per-node=1", "--export=ALL"]
+        if self.partition:
+            argv.append(f"--partition={self.partition}")
+        if self.time_limit:
+            argv.append(f"--time={self.time_limit}")
+        if self.gpus_per_node:
+            argv.append(f"--gres={self.gres}:{self.gpus_per_node}")
+        if self.cpus_per_node:
+            argv.append(f"--cpus-per-task={self.cpus_per_node}")
+        if self.memory_gb:
+            argv.append(f"--mem={max(1, int(self.memory_gb * 1024))}M")
+        return argv + list(self.sbatch_args) + ["--wrap", f"exec sh scripts/launch.sh {identity}"]
 
 
 @dataclass
@@ -78,6 +109,7 @@ class LaunchResult:
     adopted: bool = False
     pid: int | None = None
     container: str | None = None
+    job: str | None = None  # a cluster's job id (slurm placement)
 
 
 def secrets_file(secrets: dict[str, str]) -> bytes:

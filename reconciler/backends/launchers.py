@@ -22,9 +22,60 @@ PID_WAIT = "i=0; while [ ! -s runtime/pid ] && [ $i -lt 100 ]; do sleep 0.02; i=
 def launch(t: Transport, spec: LaunchSpec) -> LaunchResult:
     if spec.secrets:
         t.put_secret_file(spec.workspace, secrets_file(spec.secrets))
+    if spec.slurm is not None:
+        return _launch_slurm(t, spec)
     if spec.launch_mode == "docker":
         return _launch_docker(t, spec)
     return _launch_host(t, spec)
+
+
+def _launch_slurm(t: Transport, spec: LaunchSpec) -> LaunchResult:
+    """Submit the wrapper to Slurm as a batch job named by the identity, from the login host.
+
+    Never twice: a job recorded in the workspace is adopted; so is one that squeue lists under the
+    identity's name (a pass that died between sbatch and recording it), and a workspace whose
+    wrapper has already started is not submitted again whatever squeue says. runtime/slurm.json
+    (the commands' environment) is written first: the probe and terminate read it to reach the
+    cluster."""
+    job = spec.slurm
+    ws, ident = shlex.quote(spec.workspace), shlex.quote(spec.identity)
+    env = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(job.env.items()))
+    doc = shlex.quote(json.dumps({"env": job.env}, sort_keys=True))
+    submit = " ".join(shlex.quote(a) for a in job.sbatch_argv(spec.identity, spec.workspace))
+    script = (
+        f"cd {ws} || exit 97\n"
+        + built_for_check(spec.spec_digest) +
+        "mkdir -p runtime artifacts\n"
+        "if [ -s runtime/slurm_job ]; then echo adopted; cat runtime/slurm_job; exit 0; fi\n"
+        f"printf '%s\\n' {doc} > runtime/slurm.json\n"
+        + env +
+        f"id=$(squeue -h -t all -n {ident} -o %i 2>/dev/null | sort -n | tail -n 1)\n"
+        "how=adopted\n"
+        "if [ -z \"$id\" ] && [ ! -e runtime/started_at ]; then\n"
+        f"  out=$({submit} 2>&1) || {{ echo \"$out\" >&2; exit 3; }}\n"
+        "  id=${out%%;*}; how=launched\n"
+        "fi\n"
+        "date +%s > runtime/launched_at\n"
+        "[ -n \"$id\" ] && echo \"$id\" > runtime/slurm_job.tmp && mv runtime/slurm_job.tmp runtime/slurm_job\n"
+        "echo \"$how\"; echo \"$id\"\n"
+    )
+    r = t.sh(script, timeout=60)
+    _refuse_wrong_spec(t, spec, r.rc)
+    if r.rc == 3:
+        err = r.err.strip()
+        low = err.lower()
+        # sbatch refuses what the cluster can never run (more GPUs than any node has, an unknown
+        # partition or account); anything else (slurmctld down) may pass.
+        if any(w in low for w in ("not available", "invalid partition", "invalid account", "invalid qos",
+                                  "invalid generic resource", "invalid gres", "unrecognized option",
+                                  "invalid option", "node count specification invalid")):
+            _permanent(t, spec, f"Slurm refused {spec.identity}: {err[:300]}")
+        raise TemporaryError(f"sbatch on {t.machine.name} failed: {err[:300]}")
+    if r.rc != 0:
+        raise TemporaryError(f"submitting to Slurm from {t.machine.name} failed (exit {r.rc}): {r.err.strip()[:300]}")
+    lines = r.out.split()
+    return LaunchResult(spec.identity, spec.workspace, adopted=lines[:1] == ["adopted"],
+                        container=None, job=lines[1] if len(lines) > 1 else None)
 
 
 def _launch_host(t: Transport, spec: LaunchSpec) -> LaunchResult:

@@ -63,3 +63,47 @@ class LocalTransport:
 
     def close(self) -> None:
         return None
+
+
+class StagingLocalTransport(LocalTransport):
+    """This machine as another machine would be used: bundles are copied into the workspace root
+    (staged) and runtime/ and artifacts/ copied back (fetched). For a root that is not this
+    reconciler's own, such as a Slurm cluster's shared file system when this machine is the
+    cluster's login host: the run's record must outlive the shared workspace."""
+
+    def stage(self, bundle: Path, identity: str, spec_digest: str = "") -> str:
+        import json
+        import shutil
+
+        ws = Path(self.workspace(identity))
+        if (ws / "job.json").is_file():
+            try:
+                built = json.loads((ws / "job.json").read_text(encoding="utf-8"))["payload"]["spec_digest"]
+            except (OSError, ValueError, KeyError, TypeError):
+                built = None
+            if spec_digest and built != spec_digest:
+                from ..errors import TemporaryError
+
+                raise TemporaryError(f"{identity} on {self.machine.name} was built for another spec; not reusing it")
+            return str(ws)
+        tmp = ws.with_name(f".{identity}.staging")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(ws, ignore_errors=True)
+        shutil.copytree(bundle, tmp, symlinks=True, ignore=shutil.ignore_patterns("runtime", "artifacts"))
+        (tmp / "runtime").mkdir()
+        (tmp / "artifacts").mkdir()
+        os.replace(tmp, ws)
+        return str(ws)
+
+    def fetch(self, identity: str, dest: Path) -> None:
+        import shutil
+
+        ws = Path(self.workspace(identity))
+        if not ws.is_dir():
+            from ..errors import TemporaryError
+
+            raise TemporaryError(f"workspace of {identity} is gone from {self.machine.name}")
+        for part in ("runtime", "artifacts"):
+            if (ws / part).is_dir():
+                shutil.copytree(ws / part, Path(dest) / part, symlinks=True, dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns("secrets.env", ".secrets.env.tmp"))

@@ -32,13 +32,25 @@ RECONCILER_BUNDLE="$bundle"
 export RECONCILER_IDENTITY RECONCILER_BUNDLE
 [ -f scripts/env.sh ] && . ./scripts/env.sh
 
-# Data parallel on this machine (env.sh sets NPROC_PER_NODE for a run of several GPUs): a free
-# loopback port for torchrun's rendezvous, chosen here, at launch, where it is free. Without a
-# python the launcher's own default applies.
+# A run across several machines under Slurm (env.sh sets RECONCILER_NODES): this wrapper runs on
+# the allocation's first node, which is the rendezvous (MASTER_ADDR: its address as Slurm knows
+# it); srun starts one copy of the entrypoint per node below, each with its NODE_RANK.
+multi=""
+if [ "${RECONCILER_NODES:-1}" -gt 1 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
+    multi=1
+    first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null | head -n 1)
+    addr=$(scontrol -o show node "$first" 2>/dev/null | tr ' ' '\n' | sed -n 's/^NodeAddr=//p')
+    MASTER_ADDR="${addr:-$first}"
+    export MASTER_ADDR
+fi
+
+# Data parallel (env.sh sets NPROC_PER_NODE for a run of several GPUs or machines): a free port
+# for torchrun's rendezvous, chosen here, at launch, on the rendezvous machine, where it is free.
+# Without a python the launcher's own default applies.
 py="${RECONCILER_PYTHON:-}"
 if [ -z "$py" ]; then py=$(command -v python3 2>/dev/null); fi
 if [ -n "${NPROC_PER_NODE:-}" ] && [ -z "${MASTER_PORT:-}" ] && [ -n "$py" ]; then
-    MASTER_PORT=$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null) \
+    MASTER_PORT=$("$py" -c 'import os, socket; s = socket.socket(); s.bind((os.environ.get("MASTER_ADDR") or "127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null) \
         && export MASTER_PORT || unset MASTER_PORT
 fi
 
@@ -78,7 +90,15 @@ if [ -n "$py" ] && [ -f scripts/gpu_sampler.py ] && [ "${RECONCILER_GPU_SAMPLER:
     sampler=$!
 fi
 
-sh scripts/entrypoint.sh </dev/null >>artifacts/stdout.log 2>>artifacts/stderr.log &
+if [ -n "$multi" ]; then
+    # One task per node; a task that fails ends the others (--kill-on-bad-exit), and scancel or
+    # this wrapper's SIGTERM reaches every one of them. Output lines carry their node's rank.
+    srun --nodes="$RECONCILER_NODES" --ntasks="$RECONCILER_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \
+        --label sh -c 'NODE_RANK=$SLURM_NODEID; export NODE_RANK; exec sh scripts/entrypoint.sh' \
+        </dev/null >>artifacts/stdout.log 2>>artifacts/stderr.log &
+else
+    sh scripts/entrypoint.sh </dev/null >>artifacts/stdout.log 2>>artifacts/stderr.log &
+fi
 child=$!
 echo "$child" > runtime/child.pid
 

@@ -116,6 +116,16 @@ def cross_checks(root: Path, files: list, locator, given: set[str] | None = None
     for f in template_files:
         lookup.setdefault(f.path.stem, f)  # a run naming the file still finds it (and sees it is invalid)
         _check_template(f, add)
+    roots: dict[str, tuple[str, Any]] = {}  # a Slurm login host → its workspace root, and the file naming it
+    for f in sorted(template_files, key=lambda f: f.rel):
+        login, root_dir = _at(f.data, "placement", "slurm", "login"), _at(f.data, "placement", "slurm", "workspace_root")
+        if _at(f.data, "placement", "kind") != "slurm" or not isinstance(root_dir, str):
+            continue
+        login = login if isinstance(login, str) else "local"
+        first = roots.setdefault(login, (root_dir, f))
+        if first[0] != root_dir:
+            add(f, ("placement", "slurm", "workspace_root"), f"login host '{login}' has workspace_root "
+                f"'{first[0]}' in {first[1].rel}: one cluster, one root")
 
     by_name: dict[tuple[str, str], Any] = {}
     for f in sorted((f for f in checked if f.kind in ("Run", "Fleet", "Provider", "Policy")), key=lambda f: f.rel in given):
@@ -232,6 +242,10 @@ def _check_template(f, add) -> None:
     resources = defaults.get("resources")
     if isinstance(resources, dict) and _text(resources.get("gpu_type")) and _count(resources.get("gpu_count")) == 0:
         add(f, ("defaults", "resources", "gpu_type"), "gpu_type is set but gpu_count is 0")
+    placement = _at(t, "placement", "kind")
+    if isinstance(resources, dict) and type(resources.get("nodes")) is int and resources["nodes"] > 1 \
+            and placement != "slurm":
+        add(f, ("defaults", "resources", "nodes"), MULTI_NODE_PLACEMENT)
 
 
 # ---------------------------------------------------------------- fleets
@@ -328,6 +342,7 @@ def _check_run(root: Path, f, templates: dict, add, invalid_templates: set[str],
         if _text(overrides.get("image")) and template.launch_mode.kind != "docker":
             add(f, ("spec", "overrides", "image"), "an image only applies to docker launches")
     _check_gpus(f, overrides, template, add)
+    _check_nodes(f, overrides, template, add)
     if template is not None and template.placement.kind == "rental":
         _check_rental(f, overrides, template, providers, add)
     seen = set()
@@ -352,6 +367,19 @@ def _check_run(root: Path, f, templates: dict, add, invalid_templates: set[str],
     for name in secrets:
         if isinstance(env, dict) and name in env:
             add(f, ("spec", "task", "env", name), f"'{name}' is a secret; remove it from env")
+
+
+MULTI_NODE_PLACEMENT = "a run across several machines (nodes > 1) needs slurm placement"
+
+
+def _check_nodes(f, overrides: dict, template: ExecutionTemplate | None, add) -> None:
+    res = _dict(overrides.get("resources"))
+    nodes = res.get("nodes")
+    if template is None or type(nodes) is not int or nodes <= 1 or "resources" not in template.allow_overrides:
+        return
+    if template.placement.kind != "slurm":
+        add(f, ("spec", "overrides", "resources", "nodes"), f"{MULTI_NODE_PLACEMENT}; template '{template.id}' "
+                                                            f"has {template.placement.kind} placement")
 
 
 def _check_gpus(f, overrides: dict, template: ExecutionTemplate | None, add) -> None:

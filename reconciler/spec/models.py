@@ -99,6 +99,8 @@ class Resources(Strict):
                                         examples=[80])
     cpu_count: int | None = Field(None, ge=1, le=1024, description="CPU cores per run.", examples=[8])
     memory_gb: float | None = Field(None, gt=0, le=16384, description="Host memory per run, in GB.", examples=[64])
+    nodes: int = Field(1, ge=1, le=64, description="Machines the run spans, all started together or none "
+                       "(slurm placement); gpu_count, cpu_count and memory_gb are per machine.", examples=[2])
 
     @model_validator(mode="after")
     def _any_of(self):
@@ -127,6 +129,7 @@ class ResourcesOverride(Strict):
                                         "(least GB per GPU).")
     cpu_count: int | None = Field(None, ge=1, le=1024, description="Replaces the template's cpu_count.")
     memory_gb: float | None = Field(None, gt=0, le=16384, description="Replaces the template's memory_gb (GB).")
+    nodes: int | None = Field(None, ge=1, le=64, description="Replaces the template's nodes (machines per run).")
 
 
 # ---------------------------------------------------------------- tasks
@@ -421,20 +424,51 @@ class Run(Strict):
 # ---------------------------------------------------------------- execution templates
 
 
+class SlurmSettings(Strict):
+    """A Slurm cluster that runs are handed to: where its commands run and what they ask for."""
+
+    login: str = Field("local", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="Where sbatch, squeue, "
+                       "scontrol and scancel run: local (this machine) or the name of a Fleet machine (the "
+                       "cluster's login node, reached over SSH).", examples=["login1"],
+                       json_schema_extra={"patternErrorMessage": "local, or a Fleet machine's name"})
+    workspace_root: str = Field(min_length=1, description="A folder on the cluster's shared file system, at the "
+                                "same path on the login host and every compute node: bundles are staged there "
+                                "and jobs write their runtime/ files there.", examples=["/shared/reconciler"])
+    partition: str | None = Field(None, description="The partition jobs are submitted to (the cluster's default "
+                                  "when unset).", examples=["gpu"])
+    time_limit: Annotated[str, Field(pattern=r"^[0-9:-]+$", json_schema_extra={
+        "patternErrorMessage": "minutes, or [days-]hours:minutes:seconds"})] | None = Field(
+        None, description="sbatch --time (minutes, or [days-]hours:minutes:seconds); the partition's limit when "
+                          "unset.", examples=["24:00:00"])
+    gres: str = Field("gpu", pattern=r"^[A-Za-z0-9_]+(:[A-Za-z0-9_.-]+)?$", description="The GRES that GPUs are "
+                      "requested as: gpu, or gpu:<type> (--gres=<gres>:<gpu_count>).", examples=["gpu:h100"],
+                      json_schema_extra={"patternErrorMessage": "gpu, or gpu:<type>"})
+    sbatch_args: list[str] = Field(default_factory=list, description="More sbatch options, as is (for example "
+                                   "--account=ml or --qos=high).", examples=[["--account=ml"]])
+    env: EnvMap = Field(default_factory=dict, description="Environment of the Slurm commands (for example "
+                        "SLURM_CONF); never secrets.", examples=[{"SLURM_CONF": "/etc/slurm/slurm.conf"}])
+
+
 class Placement(Strict):
     """Where runs go."""
 
-    kind: Literal["local", "ssh", "rental"] = Field(
+    kind: Literal["local", "ssh", "rental", "slurm"] = Field(
         description="local: this machine; ssh: a machine of a Fleet; rental: a machine rented from a Provider "
-                    "for the run (the cheapest offer that fits its resources), given back when it ends.")
+                    "for the run (the cheapest offer that fits its resources), given back when it ends; slurm: "
+                    "submitted to a Slurm cluster (placement.slurm), which chooses the machines.")
     fallback: Literal["rental"] | None = Field(
         None, description="ssh placement only: when no fleet machine has room now, rent one (from any Provider; "
                           "the cheapest offer that fits). A run that fits a free fleet machine never rents.")
+    slurm: SlurmSettings | None = Field(None, description="slurm placement: the cluster (required there, and only "
+                                        "there).")
 
     @model_validator(mode="after")
     def _fallback(self):
         if self.fallback is not None and self.kind != "ssh":
             raise ValueError("fallback: rental is for ssh placement (in-house first, then rented)")
+        if (self.kind == "slurm") != (self.slurm is not None):
+            raise ValueError("slurm placement needs placement.slurm (login, workspace_root), and only it may "
+                             "have one")
         return self
 
 
@@ -486,6 +520,13 @@ class ExecutionTemplate(Strict):
     allow_overrides: list[Literal[OVERRIDABLE]] = Field(  # type: ignore[valid-type]
         default_factory=list, description="Keys of defaults a run may override (spec.overrides).",
         examples=[["resources", "runtime_env"]], json_schema_extra={"uniqueItems": True})
+
+    @model_validator(mode="after")
+    def _slurm_host_process(self):
+        if self.placement.kind == "slurm" and self.launch_mode.kind != "host_process":
+            raise ValueError("slurm placement runs the job as a host process on the nodes Slurm gives it "
+                             "(launch_mode.kind: host_process)")
+        return self
 
     @property
     def backend_key(self) -> str:

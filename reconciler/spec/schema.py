@@ -303,6 +303,8 @@ def _template(defs: dict) -> None:
             "required": ["launch_mode"]}
     local = {"properties": {"placement": {"properties": {"kind": {"const": "local"}}, "required": ["kind"]}},
              "required": ["placement"]}
+    slurm = {"properties": {"placement": {"properties": {"kind": {"const": "slurm"}}, "required": ["kind"]}},
+             "required": ["placement"]}
     no_image = {"properties": {"allow_overrides": {"not": {"contains": {"const": "image"}}},
                                "defaults": {"not": _set_string("image")}}}
     _all_of(
@@ -314,6 +316,12 @@ def _template(defs: dict) -> None:
         _if_then(host, _at(_unset("an image only applies to docker launches"), "defaults", "image")),
         _if_then(local, _at(_unset("local placement runs on this machine; target is for ssh placement"),
                             "defaults", "target")),
+        _if_then(slurm, {"allOf": [
+            _at({"const": "host_process", "errorMessage": "slurm placement runs jobs as host processes "
+                                                          "(launch_mode.kind: host_process)"}, "launch_mode", "kind"),
+            {"properties": {"placement": {"required": ["slurm"]}}}]}),
+        _if_then({"not": slurm}, _at({"type": "null", "errorMessage": "placement.slurm is for slurm placement"},
+                                             "placement", "slurm")),
     )
 
 

@@ -7,6 +7,8 @@ Fixtures:
 * ``sshd_factory`` (function): ``sshd_factory(host="127.0.0.1", start=True)`` returns a new
   ``SshServer`` (own port, own keys); all of them are stopped at the test's teardown.  Any 127.x.y.z
   address works (loopback); use distinct ones to model distinct machines.
+* ``slurm`` (session): a started :class:`~tests.infra.slurm.SlurmCluster`: munged, slurmctld and two
+  slurmd nodes on loopback with fake GPUs; ``slurm.env`` holds ``SLURM_CONF`` for its commands.
 * ``dockerd`` (session): a started :class:`~tests.infra.dockerd.DockerDaemon` with the busybox image
   imported; ``dockerd.image`` is its tag, ``dockerd.host`` the ``unix://`` address.
 
@@ -87,3 +89,18 @@ def dockerd() -> Iterator[DockerDaemon]:
         yield daemon
     finally:
         daemon.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory):
+    from tests.infra.slurm import SlurmCluster, available
+
+    why = available()
+    if why:
+        _unavailable(why)
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.close()

@@ -175,3 +175,19 @@ def test_docker_through_ssh_as_test_user(sshd, dockerd):
 def test_dockerd_env(dockerd):
     assert dockerd.env() == {"DOCKER_HOST": dockerd.host}
     assert dockerd.host.startswith("unix:///tmp/") and len(dockerd.host) < 100
+
+
+def test_slurm_runs_jobs_on_two_nodes_with_fake_gpus(slurm, tmp_path):
+    out = tmp_path / "out"
+    job = slurm.command("sbatch", "--parsable", "-N", "2", "--ntasks-per-node=1", "--gres=gpu:1",
+                        "-o", str(out), "--wrap", "srun sh -c 'echo $SLURM_NODEID:$CUDA_VISIBLE_DEVICES'").strip()
+    from tests.infra._proc import wait_until
+
+    wait_until(lambda: "COMPLETED" in slurm.command("scontrol", "show", "job", job), 30, what="the job to complete")
+    assert sorted(out.read_text().split()) == ["0:0", "1:0"]
+    # More GPUs than a node has is refused at submission.
+    import subprocess
+
+    r = subprocess.run(["sbatch", "--gres=gpu:3", "--wrap", "true"], capture_output=True, text=True,
+                       env={**__import__("os").environ, **slurm.env})
+    assert r.returncode != 0 and "not available" in r.stderr

@@ -1,0 +1,147 @@
+"""Slurm placement against a real Slurm cluster on this machine (tests/infra/slurm.py): submitted
+with sbatch under the run's identity, followed with squeue and scontrol, stopped with scancel.
+
+This machine is the cluster's login host (``login: local``); the workspaces live on the cluster's
+"shared file system" (a folder both nodes see) and are copied back when a run is collected.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.repo_helpers import reconcile_cli
+from tests.world import TEMPLATES, World, run_spec
+
+
+@pytest.fixture
+def slurm_world(slurm, tmp_path):
+    worlds = []
+
+    def make(**slurm_settings) -> World:
+        settings = {"login": "local", "workspace_root": str(slurm.shared / f"w{len(worlds)}"),
+                    "partition": "debug", "env": dict(slurm.env), **slurm_settings}
+        TEMPLATES["slurm-host"] = {"placement": {"kind": "slurm", "slurm": settings},
+                                   "launch_mode": {"kind": "host_process"},
+                                   "allow_overrides": ["resources", "runtime_env"]}
+        try:
+            w = World(tmp_path / f"w{len(worlds)}")
+        finally:
+            del TEMPLATES["slurm-host"]
+        w.cluster = slurm
+        w.shared = Path(settings["workspace_root"]) / "test"
+        worlds.append(w)
+        return w
+
+    yield make
+    for w in worlds:
+        w.cleanup()
+    slurm.command("scancel", "--user=root", check=False)
+
+
+def jobs_of(w: World, identity: str) -> list[dict]:
+    return w.cluster.jobs(name=identity)
+
+
+def test_a_run_is_submitted_runs_on_a_node_and_is_collected(slurm_world) -> None:
+    w = slurm_world()
+    w.add_run(run_spec("s1", "slurm-host", ["sh", "-c", "echo job=$SLURM_JOB_ID node=$SLURMD_NODENAME; "
+                                                         "echo trained > artifacts/out.txt"],
+                       overrides={"resources": {"gpu_count": 1}}))
+    first = w.run_pass()
+    change = first.plan.for_run("s1")
+    assert (change.action, change.machine) == ("launch", "slurm:local")
+    assert change.considered == ["slurm:local: submitted to partition debug; Slurm chooses the node(s)"]
+    [job] = jobs_of(w, "s1-g1-a1")
+    st = w.until("s1", lambda s: s.phase == "Succeeded", timeout=30)
+    assert st.exit_code == 0 and st.handle.job == job["id"] and st.handle.machine == "slurm:local"
+    bundle = w.bundle("s1-g1-a1")
+    assert (bundle / "artifacts" / "out.txt").read_text() == "trained\n"
+    out = (bundle / "artifacts" / "stdout.log").read_text()
+    assert f"job={job['id']}" in out and "node=n" in out
+    # GRES: Slurm chose the GPU and said which; the bundle did not override it.
+    env_sh = (bundle / "scripts" / "env.sh").read_text()
+    assert "CUDA_VISIBLE_DEVICES" not in env_sh
+    # Collected, then removed from the shared file system (remote_cleanup: after_collect).
+    w.until("s1", lambda s: not (w.shared / "s1-g1-a1").exists(), timeout=10)
+
+
+def test_a_failing_run_reports_its_exit_code(slurm_world) -> None:
+    w = slurm_world()
+    w.add_run(run_spec("bad", "slurm-host", ["sh", "-c", "echo broken >&2; exit 3"]))
+    st = w.until("bad", lambda s: s.phase == "Failed", timeout=30)
+    assert st.exit_code == 3
+    assert "broken" in (w.bundle("bad-g1-a1") / "artifacts" / "stderr.log").read_text()
+    assert len(jobs_of(w, "bad-g1-a1")) == 1  # no retry: maxRetries 0
+
+
+def test_stopping_a_run_cancels_its_job(slurm_world) -> None:
+    w = slurm_world()
+    doc = run_spec("long", "slurm-host", ["sh", "-c", "echo started; sleep 300"])
+    w.add_run(doc)
+    w.until("long", lambda s: s.phase == "Running", timeout=30)
+    [job] = jobs_of(w, "long-g1-a1")
+    doc["spec"]["desiredState"] = "Stopped"
+    w.add_run(doc)
+    st = w.until("long", lambda s: s.phase == "Terminated", timeout=30)
+    assert st.handle.job == job["id"]
+    [after] = jobs_of(w, "long-g1-a1")
+    assert after["state"] == "CANCELLED"
+
+
+def test_a_job_waiting_for_gpus_shows_slurms_reason(slurm_world) -> None:
+    w = slurm_world()
+    # Each node has 2 GPUs: two nodes' worth held by one run leaves nothing for the next.
+    w.add_run(run_spec("big", "slurm-host", ["sleep", "300"], overrides={"resources": {"gpu_count": 2, "nodes": 2}}))
+    w.until("big", lambda s: s.phase == "Running", timeout=30)
+    w.add_run(run_spec("next", "slurm-host", ["true"], overrides={"resources": {"gpu_count": 1}}))
+    # First "waiting to be scheduled" (Slurm's reason None), then why it cannot start.
+    st = w.until("next", lambda s: s.phase == "Pending" and "Resources" in (s.message or ""), timeout=30)
+    assert st.message.startswith("next-g1-a1 is queued in Slurm (job ")
+    assert st.condition("Ready").status == "False"
+    w.add_run({**run_spec("big", "slurm-host", ["sleep", "300"], overrides={"resources": {"gpu_count": 2, "nodes": 2}}),
+               "spec": {**run_spec("big", "slurm-host", ["sleep", "300"],
+                                   overrides={"resources": {"gpu_count": 2, "nodes": 2}})["spec"],
+                        "desiredState": "Stopped"}})
+    w.until("next", lambda s: s.phase == "Succeeded", timeout=40)
+
+
+def test_a_crash_between_sbatch_and_the_status_commit_submits_once(slurm_world) -> None:
+    w = slurm_world()
+    w.add_run(run_spec("once", "slurm-host", ["sleep", "300"]))
+    env = {"RECONCILER_WORKSPACE_ROOT": str(w.local_root), "RECONCILER_NAMESPACE": "test",
+           "RECONCILER_TEST_CRASH_AFTER": "apply"}
+    crashed = reconcile_cli(w.repo, "--once", env=env)
+    assert crashed.returncode == 137, crashed.stderr
+    assert w.status("once") is None  # the status never reached git
+    assert len(jobs_of(w, "once-g1-a1")) == 1
+    st = w.until("once", lambda s: s.phase in ("Running", "Pending") and s.handle is not None, timeout=30)
+    assert st.handle.identity == "once-g1-a1"
+    w.run_pass()
+    assert len(jobs_of(w, "once-g1-a1")) == 1 and not jobs_of(w, "once-g1-a2")
+
+
+def test_two_nodes_get_their_ranks_and_one_rendezvous(slurm_world) -> None:
+    w = slurm_world()
+    w.add_run(run_spec("pair", "slurm-host", ["sh", "-c", "echo rank=$NODE_RANK of=$NNODES "
+                                                           "master=$MASTER_ADDR:$MASTER_PORT node=$SLURMD_NODENAME"],
+                       overrides={"resources": {"nodes": 2}}))
+    w.until("pair", lambda s: s.phase == "Succeeded", timeout=30)
+    lines = sorted((w.bundle("pair-g1-a1") / "artifacts" / "stdout.log").read_text().splitlines())
+    assert len(lines) == 2
+    # srun labels each line with its task's rank
+    assert [line.split()[0] for line in lines] == ["0:", "1:"]
+    assert [line.split()[1] for line in lines] == ["rank=0", "rank=1"]
+    assert {line.split()[4] for line in lines} == {"node=n1", "node=n2"}
+    masters = {line.split()[3] for line in lines}
+    assert len(masters) == 1 and masters.pop().startswith("master=127.0.0.1:")
+    assert all("of=2" in line for line in lines)
+
+
+def test_a_request_the_cluster_can_never_hold_fails_with_slurms_reason(slurm_world) -> None:
+    w = slurm_world()
+    w.add_run(run_spec("huge", "slurm-host", ["true"], overrides={"resources": {"gpu_count": 8}}))
+    st = w.until("huge", lambda s: s.phase == "Failed", timeout=20)
+    assert "Slurm refused" in st.message and "not available" in st.message
+
