@@ -20,7 +20,7 @@ from . import provenance
 from .backends import launchers
 from .backends.base import LaunchResult, LaunchSpec, SlurmJob
 from .errors import PermanentError, ReconcilerError, TemporaryError
-from .identity import make, parse
+from .identity import make, node_identity, node_of, parse
 from .plan import LOCAL, Change, Plan
 from .spec.load import DesiredState
 from .spec.resolve import effective
@@ -107,10 +107,11 @@ def _one(c: Change, ctx: ApplyContext) -> Outcome:
             _collect_stopped(c, ctx, out)
         if c.collect_first is not None:
             f = c.collect_first
-            try:
-                _collect_into(ctx, f.machine, f.identity, f.workspace, final=False)
-            except ReconcilerError:
-                pass  # the relaunch matters more than the failed attempt's logs; its workspace stays
+            for n in c.collect_nodes or [f]:
+                try:
+                    _collect_into(ctx, n.machine, n.identity, n.workspace, final=False)
+                except ReconcilerError:
+                    pass  # the relaunch matters more than the failed attempt's logs; its workspace stays
         if c.action in ("launch", "relaunch"):
             _launch(c, ctx, out)
         elif c.action == "collect" and c.machine:
@@ -142,13 +143,24 @@ def _launch(c: Change, ctx: ApplyContext, out: Outcome) -> None:
             secrets[name] = value
     if missing:
         raise TemporaryError(f"secret(s) {', '.join(missing)} not set on the reconciler host")
-    template = ctx.desired.templates[entry.run.spec.template]
-    eff = effective(entry.run, template)
+    if c.nodes:
+        _launch_gang(c, ctx, out, entry, secrets)
+        return
     t = ctx.transport_for(c.machine)
     if c.rental is not None:
         _rental_ready(c, ctx, t, out)
-    local_dir = ctx.local_dir(c.machine, c.identity, t.workspace(c.identity))
-    python = eff.python or ctx.machine_python(c.machine)
+    out.launched, out.workspace = _launch_one(c, ctx, entry, secrets, t, c.identity, c.gpus)
+
+
+def _launch_one(c: Change, ctx: ApplyContext, entry, secrets: dict, t, identity: str, gpus: list[int],
+                gang: dict | None = None, env: dict | None = None) -> tuple[LaunchResult, str]:
+    """Build, stage and start one instance (one node of a run on several machines: ``gang`` is
+    its {rank, of, machines}, ``env`` its rank and rendezvous)."""
+    template = ctx.desired.templates[entry.run.spec.template]
+    eff = effective(entry.run, template)
+    machine = t.machine.name
+    local_dir = ctx.local_dir(machine, identity, t.workspace(identity))
+    python = eff.python or ctx.machine_python(machine)
     resume = _resume_path(t, c) if c.resume_from and entry.run.spec.task.type != "command" else None
     saved = None
     if resume is None and c.resume_from and entry.run.spec.task.type != "command":
@@ -158,23 +170,67 @@ def _launch(c: Change, ctx: ApplyContext, out: Outcome) -> None:
         p = parse(c.resume_from)
         saved = checkpoints.latest(ctx.repo / ".reconciler", p.name, p.generation) if p else None
         if saved is not None:  # inputs/.reconciler/: a path no repository input can take
-            resume = f"{t.workspace(c.identity)}/inputs/.reconciler/resume/{saved.name}"
+            resume = f"{t.workspace(identity)}/inputs/.reconciler/resume/{saved.name}"
     req = bundles.BundleRequest(
-        repo_root=ctx.repo, identity=c.identity, run=entry.run, spec_digest=entry.digest, repo_head=ctx.repo_head,
-        template=template, effective=eff, machine=c.machine, gpus=c.gpus, python=python, resume_from=resume,
-        spec_commit=ctx.spec_commits.get(entry.rel),
+        repo_root=ctx.repo, identity=identity, run=entry.run, spec_digest=entry.digest, repo_head=ctx.repo_head,
+        template=template, effective=eff, machine=machine, gpus=gpus, python=python, resume_from=resume,
+        spec_commit=ctx.spec_commits.get(entry.rel), gang=gang,
     )
     b = bundles.build(req, local_dir)
     if saved is not None:
         shutil.copytree(saved, Path(b.path) / "inputs" / ".reconciler" / "resume" / saved.name, dirs_exist_ok=True)
-    ws = t.stage(b.path, c.identity, entry.digest)
+    ws = t.stage(b.path, identity, entry.digest)
     if os.environ.get(CRASH_HOOK) == "stage":
         os._exit(137)  # test hook: die like kill -9 between staging and starting
-    spec = LaunchSpec(identity=c.identity, run_name=c.name, workspace=ws, launch_mode=eff.launch_mode,
-                      image=eff.image, network=eff.network, pull=eff.pull, gpus=c.gpus, secrets=secrets,
-                      spec_digest=entry.digest, slurm=slurm_job(template, eff))
-    out.launched = launchers.launch(t, spec)
-    out.workspace = ws
+    spec = LaunchSpec(identity=identity, run_name=c.name, workspace=ws, launch_mode=eff.launch_mode,
+                      image=eff.image, network=eff.network, pull=eff.pull, gpus=gpus, secrets=secrets,
+                      spec_digest=entry.digest, slurm=slurm_job(template, eff), env=dict(env or {}))
+    return launchers.launch(t, spec), ws
+
+
+def _launch_gang(c: Change, ctx: ApplyContext, out: Outcome, entry, secrets: dict) -> None:
+    """Start every node of a run on several machines, or none: a node that cannot start stops the
+    ones already started (the attempt is relaunched whole, never left running in part).
+
+    The rendezvous is node 0's machine, at the address the reconciler reaches it by, on a port
+    found free there now; each node learns it, its rank and the node count at launch
+    (runtime/launch.env), so its bundle holds nothing that depends on where the others are."""
+    transports = [ctx.transport_for(n.machine) for n in c.nodes]
+    master = transports[0]
+    fm = getattr(master.machine, "fleet_machine", None)
+    addr = fm.ssh.host if fm is not None else "127.0.0.1"
+    port = _free_port(master, addr)
+    machines = [n.machine for n in c.nodes]
+    started: list[tuple[object, str, str]] = []
+    try:
+        for rank, (n, t) in enumerate(zip(c.nodes, transports)):
+            env = {"NNODES": str(len(c.nodes)), "NODE_RANK": str(rank), "MASTER_ADDR": addr, "MASTER_PORT": str(port)}
+            launched, ws = _launch_one(c, ctx, entry, secrets, t, n.identity, n.gpus,
+                                       gang={"rank": rank, "of": len(c.nodes), "machines": machines}, env=env)
+            started.append((t, n.identity, ws))
+            n.workspace = ws
+            if rank == 0:
+                out.launched, out.workspace = launched, ws
+    except Exception:
+        for t, ident, ws in started:
+            try:
+                launchers.terminate(t, ident, ws, ctx.terminate_grace)
+            except Exception:  # noqa: BLE001 - best effort: the next pass fences what is left
+                pass
+        raise
+    out.launched = LaunchResult(c.identity, out.workspace, adopted=out.launched.adopted, pid=out.launched.pid)
+
+
+def _free_port(t, addr: str) -> int:
+    """A TCP port free on the machine now, for torchrun's rendezvous there."""
+    script = ("for py in python3 python; do command -v $py >/dev/null 2>&1 && exec $py -c "
+              + shlex.quote("import socket, sys; s = socket.socket(); s.bind((sys.argv[1], 0)); "
+                            "print(s.getsockname()[1])") + f" {shlex.quote(addr)}; done; exit 127")
+    r = t.sh(script, timeout=30)
+    port = r.out.strip()
+    if r.rc != 0 or not port.isdigit():
+        raise TemporaryError(f"no free port for the rendezvous on {t.machine.name}: {r.err.strip()[:200]}")
+    return int(port)
 
 
 def slurm_job(template, eff) -> SlurmJob | None:
@@ -252,6 +308,8 @@ def _resume_path(t, c: Change) -> str | None:
     """
     p = parse(c.resume_from)
     idents = [make(p.name, p.generation, a) for a in range(p.attempt, 0, -1)] if p else [c.resume_from]
+    # A run on several machines saves its checkpoints on node 0: that node's workspaces too.
+    idents = [x for i in idents for x in (i, node_identity(i, 0))]
     outs = " ".join(shlex.quote(f"{t.workspace(i)}/artifacts/output") for i in idents)
     script = (f"for d in {outs}; do\n"
               "  [ -d \"$d\" ] || continue\n"
@@ -269,7 +327,13 @@ def _collect(c: Change, ctx: ApplyContext, out: Outcome) -> None:
         _collect_leftover(c, ctx)
         return
     final = c.phase in ("Succeeded", "Failed", "Terminated")
-    out.manifest, out.workspace = _collect_into(ctx, c.machine, c.identity, c.workspace, final)
+    if c.nodes:  # each node's logs and artifacts; the run's manifest is node 0's
+        for rank, n in enumerate(c.nodes):
+            manifest, ws = _collect_into(ctx, n.machine, n.identity, n.workspace, final)
+            if rank == 0:
+                out.manifest, out.workspace = manifest, ws
+    else:
+        out.manifest, out.workspace = _collect_into(ctx, c.machine, c.identity, c.workspace, final)
     if final and ctx.remote_cleanup == "after_collect":
         for k in c.cleanup:
             t = ctx.transport_for(k.machine)
@@ -284,7 +348,8 @@ def _collect_stopped(c: Change, ctx: ApplyContext, out: Outcome) -> None:
             manifest, ws = _collect_into(ctx, k.machine, k.identity, k.workspace, final=True)
         except ReconcilerError:
             continue
-        out.manifest, out.workspace = manifest, ws
+        if node_of(k.identity) in (None, 0):  # a run on several machines: its manifest is node 0's
+            out.manifest, out.workspace = manifest, ws
 
 
 def _collect_leftover(c: Change, ctx: ApplyContext) -> None:

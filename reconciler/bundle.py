@@ -45,6 +45,7 @@ class BundleRequest:
     python: str | None = None
     resume_from: str | None = None
     spec_commit: str | None = None  # the last commit that changed the spec file, as of the launch
+    gang: dict | None = None  # {rank, of}: this bundle is one node of a run on several machines
 
 
 @dataclass
@@ -114,7 +115,11 @@ def build(req: BundleRequest, dest: Path) -> Bundle:
     for rel, content in sorted(rendered.files.items()):
         _write(tmp / rel, content, 0o644)
     res = req.effective.resources
+    # Nodes under Slurm are started by srun from one bundle (RECONCILER_NODES); nodes of a gang on
+    # fleet machines each have a bundle and get their rank and rendezvous at launch (runtime/launch.env).
     env = data_parallel_env(len(req.gpus) or res.gpu_count, res.nodes)
+    if req.gang:
+        env.pop("RECONCILER_NODES", None)
     env.update(req.effective.runtime_env)
     env.update(rendered.env)
     # Under Slurm the job's GPUs are the scheduler's to choose: it sets CUDA_VISIBLE_DEVICES itself.
@@ -145,6 +150,8 @@ def build(req: BundleRequest, dest: Path) -> Bundle:
         "secret_names": sorted(run.spec.secrets),
         "resume_from": req.resume_from,
     }
+    if req.gang:
+        payload["gang"] = dict(req.gang)
     _write(tmp / "job.json", (json.dumps({"schema_version": SCHEMA_VERSION, "payload": payload},
                                          indent=2, sort_keys=True) + "\n").encode(), 0o644)
     dest.parent.mkdir(parents=True, exist_ok=True)

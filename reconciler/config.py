@@ -41,6 +41,9 @@ class Config(BaseModel):
     # it must not kill it on sight.
     orphan_grace: float = 300.0
     terminate_grace: float = 10.0
+    # A node of a run on several machines whose launch wrapper has not beaten for this long is
+    # frozen: the attempt is ended on every node (the wrapper beats every 2 s).
+    gang_heartbeat_timeout: float = Field(30.0, gt=0)
     ssh_connect_timeout: float = 5.0
     ssh_command_timeout: float = 60.0
     # A fresh rental's sshd may start after its provider says it runs: how long a launch waits for

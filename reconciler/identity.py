@@ -1,4 +1,5 @@
-"""Run identities: ``<name>-g<generation>-a<attempt>``.
+"""Run identities: ``<name>-g<generation>-a<attempt>``, and ``<identity>-n<rank>`` for each
+node of a run that spans several machines.
 
 Everything a run creates on a machine (workspace folder, process group command line, container
 name and labels) carries its identity, so that a pass can always ask "does this instance already
@@ -11,7 +12,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-IDENTITY = re.compile(r"^(?P<name>[a-z0-9]([-a-z0-9]*[a-z0-9])?)-g(?P<gen>[0-9]+)-a(?P<attempt>[0-9]+)$")
+IDENTITY = re.compile(r"^(?P<name>[a-z0-9]([-a-z0-9]*[a-z0-9])?)-g(?P<gen>[0-9]+)-a(?P<attempt>[0-9]+)"
+                      r"(-n(?P<node>[0-9]+))?$")
 
 
 class Identity(NamedTuple):
@@ -24,10 +26,21 @@ class Identity(NamedTuple):
 
 
 def parse(text: str) -> Identity | None:
+    """The attempt an identity names; a node's identity names its run's attempt (see ``node_of``)."""
     m = IDENTITY.match(text)
     if not m:
         return None
     return Identity(m.group("name"), int(m.group("gen")), int(m.group("attempt")))
+
+
+def node_of(text: str) -> int | None:
+    """The rank of a node's identity (``...-n<rank>``); None for a one-machine attempt."""
+    m = IDENTITY.match(text)
+    return int(m.group("node")) if m and m.group("node") is not None else None
+
+
+def node_identity(identity: str, rank: int) -> str:
+    return f"{identity}-n{rank}"
 
 
 def make(name: str, generation: int, attempt: int) -> str:

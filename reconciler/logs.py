@@ -82,7 +82,9 @@ def follow_logs(cfg: Config, name: str, stream: str, lines: int, follow: bool, i
         return 1
     machine, ws = st.handle.machine or LOCAL, st.handle.workspace
     # The copy collected after the run (named by its identity; without one there is none to find).
-    collected = cfg.state_dir / "bundles" / st.handle.identity if st.handle.identity else None
+    # A run on several machines: node 0's (the handle's machine and workspace are node 0's too).
+    ident = st.handle.nodes[0]["identity"] if st.handle.nodes else st.handle.identity
+    collected = cfg.state_dir / "bundles" / ident if ident else None
 
     def has_copy() -> bool:  # asked again when a workspace is gone: collection may have happened meanwhile
         return machine != LOCAL and collected is not None and collected.is_dir()

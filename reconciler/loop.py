@@ -87,7 +87,8 @@ class Reconciler:
         if self._gpus is None:
             self._gpus = local_gpus(self.cfg)
         return PlanSettings(unreachable_grace=self.cfg.unreachable_grace, orphan_grace=self.cfg.orphan_grace,
-                            local_max_tasks=self.cfg.local_max_tasks, local_gpus=self._gpus)
+                            local_max_tasks=self.cfg.local_max_tasks, local_gpus=self._gpus,
+                            gang_heartbeat_timeout=self.cfg.gang_heartbeat_timeout)
 
     def run_pass(self, dry_run: bool = False, commit: bool | None = None, now: float | None = None) -> PassResult:
         t0 = time.perf_counter()

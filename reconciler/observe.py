@@ -102,7 +102,8 @@ def observe(machines: list[str], transport_for: Callable[[str], object], names: 
                 message=r.get("message", ""), progress=r.get("progress"), permanent=bool(r.get("permanent")),
                 spec_digest=r.get("spec_digest"),
                 checkpoints=[c for c in r.get("checkpoints") or [] if isinstance(c, str)],
-                queued=r.get("queued"), job=r.get("slurm_job"),
+                queued=r.get("queued"), job=r.get("slurm_job"), heartbeat_age=r.get("heartbeat_age"),
+                gang=r.get("gang") if isinstance(r.get("gang"), dict) else None,
             )
         return m
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .identity import parse
+from .identity import node_of, parse
 
 # running: the process (or container) lives. succeeded/failed: result.json says so.
 # terminated: the wrapper recorded a SIGTERM. lost: no result and nothing alive.
@@ -39,6 +39,13 @@ class ObservedRun:
     checkpoints: list[str] = field(default_factory=list)  # complete ones, workspace-relative, oldest first
     queued: str | None = None  # a cluster's scheduler holds it, not started yet: why (Slurm's reason)
     job: str | None = None  # the cluster's job id (slurm placement)
+    heartbeat_age: float | None = None  # seconds since the launch wrapper last beat
+    # One node of a run on several machines: its rank, how many there are, and the machine of each.
+    gang: dict[str, Any] | None = None
+    # A run on several machines, as one instance (ObservedWorld folds its nodes): the nodes seen,
+    # and the machines of the nodes not seen because their machine does not answer.
+    nodes: list["ObservedRun"] = field(default_factory=list)
+    unreachable: list[str] = field(default_factory=list)
 
     def built_for(self, digest: str) -> bool:
         """Whether this instance runs the spec with ``digest``: the one condition for adopting it."""
@@ -99,12 +106,21 @@ class ObservedWorld:
         # thousands of runs must not scan every machine for every run.
         by_name: dict[str, list[ObservedRun]] = {}
         by_identity: dict[str, ObservedRun] = {}
+        gangs: dict[str, list[ObservedRun]] = {}
         for m in self.machines.values():
             for ident, r in m.runs.items():
                 by_identity.setdefault(ident, r)
                 p = parse(ident)
-                if p is not None:
+                if p is None:
+                    continue
+                if node_of(ident) is not None:
+                    gangs.setdefault(str(p), []).append(r)
+                else:
                     by_name.setdefault(p.name, []).append(r)
+        for base, parts in gangs.items():
+            gang = fold_gang(base, parts, self.machines)
+            by_identity[base] = gang
+            by_name.setdefault(parse(base).name, []).append(gang)
         for runs in by_name.values():
             runs.sort(key=lambda r: r.identity)
         self._by_name, self._by_identity = by_name, by_identity
@@ -119,3 +135,60 @@ class ObservedWorld:
         if self._by_name is None:
             self._index()
         return list(self._by_name.get(name, ()))
+
+
+def fold_gang(identity: str, parts: list[ObservedRun], machines: dict[str, ObservedMachine]) -> ObservedRun:
+    """The nodes of a run on several machines, as the one instance the planner reasons about.
+
+    The attempt lives only while every node does: one failed, lost or stopped node ends it (the
+    planner then stops the others and relaunches the whole run). A node not seen at all is lost
+    when its machine answers, and waited for while its machine does not (``unreachable``: the
+    planner gives it the unreachable grace of any machine). A node that has finished while others
+    still run is normal (rank 0 often ends last)."""
+    parts = sorted(parts, key=lambda r: node_of(r.identity) or 0)
+    lead = parts[0]
+    size = max([int((r.gang or {}).get("of") or 0) for r in parts] + [len(parts)])
+    layout = list((lead.gang or {}).get("machines") or [])
+    seen = {node_of(r.identity) for r in parts}
+    missing = [k for k in range(size) if k not in seen]
+    unreachable = [layout[k] for k in missing if k < len(layout) and layout[k] in machines
+                   and not machines[layout[k]].reachable]
+    gone = [k for k in missing if not (k < len(layout) and layout[k] in unreachable)]
+    gang = ObservedRun(identity=identity, machine=lead.machine, state="running", workspace=lead.workspace,
+                       gpus=list(lead.gpus), collected=all(r.collected for r in parts), spec_digest=lead.spec_digest,
+                       started_at=min((r.started_at for r in parts if r.started_at), default=None),
+                       progress=lead.progress, checkpoints=list(lead.checkpoints), pid=lead.pid,
+                       heartbeat_age=lead.heartbeat_age, gang=lead.gang, nodes=parts, unreachable=unreachable)
+
+    def where(r: ObservedRun) -> str:
+        return f"node n{node_of(r.identity)} on {r.machine}"
+
+    failed = [r for r in parts if r.state == "failed"]
+    lost = [r for r in parts if r.state == "lost"]
+    stopped = [r for r in parts if r.state == "terminated"]
+    staged = [r for r in parts if r.state == "staged"]
+    if failed:
+        r = failed[0]
+        gang.state, gang.exit_code, gang.permanent = "failed", r.exit_code, r.permanent
+        gang.message = f"{where(r)} failed (exit {r.exit_code})" + (f": {r.message}" if r.message else "")
+    elif lost or gone:
+        gang.state = "lost"
+        gang.message = (f"{where(lost[0])} is lost" + (f" ({lost[0].message})" if lost[0].message else "")
+                        if lost else f"the workspace of node n{gone[0]} is gone"
+                        + (f" from {layout[gone[0]]}" if gone[0] < len(layout) else ""))
+    elif stopped:
+        gang.state, gang.exit_code = "terminated", stopped[0].exit_code
+        gang.message = f"{where(stopped[0])} was stopped"
+    elif any(r.state == "unknown" for r in parts):
+        r = next(r for r in parts if r.state == "unknown")
+        gang.state, gang.message = "unknown", f"{where(r)}: {r.message or 'cannot tell'}"
+    elif staged and len(staged) == len(parts) and not missing:
+        gang.state = "staged"
+    elif staged:
+        gang.state = "lost"
+        gang.message = f"{where(staged[0])} was never started while other nodes ran"
+    elif all(r.state == "succeeded" for r in parts) and not missing:
+        gang.state, gang.exit_code = "succeeded", 0
+    if gang.state in ("succeeded", "failed", "terminated"):
+        gang.finished_at = max((r.finished_at for r in parts if r.finished_at), default=None)
+    return gang

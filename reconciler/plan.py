@@ -33,7 +33,7 @@ import heapq
 import json
 from dataclasses import asdict, dataclass, field
 
-from .identity import make, parse
+from .identity import make, node_identity, node_of, parse
 from .observed import ObservedRun, ObservedWorld
 from .spec.load import DesiredState, RunEntry
 from .spec.resolve import effective
@@ -57,6 +57,16 @@ class Kill:
     identity: str
     workspace: str | None = None
     grace: float | None = None  # seconds from SIGTERM to SIGKILL (None: the configuration's terminate_grace)
+
+
+@dataclass
+class Node:
+    """One node of a run on several machines."""
+
+    machine: str
+    identity: str
+    workspace: str | None = None
+    gpus: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -89,6 +99,10 @@ class Change:
     rental: dict | None = None
     checkpoint: str | None = None  # save: the workspace-relative checkpoint folder to copy off the machine
     considered: list[str] = field(default_factory=list)  # placement: every machine or offer judged, and why
+    # A run on several machines: one entry per node, by rank (launch: where each starts and on
+    # which GPUs; collect and collect_first's run: where each node's workspace is).
+    nodes: list[Node] = field(default_factory=list)
+    collect_nodes: list[Node] = field(default_factory=list)  # collect_first's nodes, for a run on several machines
 
     @property
     def mutates(self) -> bool:
@@ -161,6 +175,9 @@ class PlanSettings:
     local_gpus: int = 0
     namespace: str = "repo"  # this repository's id: the prefix of its rentals' names
     bad_offers: dict = field(default_factory=dict)  # (provider, offer) → until when it is not rented
+    # A node of a run on several machines whose wrapper has not beaten for this long is frozen:
+    # the attempt ends on every node (torch itself would wait for its own, much longer, timeout).
+    gang_heartbeat_timeout: float = 30.0
     spend: dict = field(default_factory=dict)  # provider → what the runs' rentals there cost so far
 
 
@@ -430,6 +447,7 @@ def make_plan(desired: DesiredState, world: ObservedWorld, previous: dict[str, R
     if world.rentals:
         plan.changes.extend(sweep(book, plan, plan.warnings))
         plan.changes.extend(_saves(plan, world))
+    expand_gangs(plan, world)
     return plan
 
 
@@ -478,7 +496,7 @@ def _stop(name: str, entry: RunEntry | None, prev: RunStatus | None, world: Obse
     att = prev.attempt if prev else 0
     digest = entry.digest if entry else None
     path = entry.rel if entry else None
-    alive = [r for r in world.instances(name) if r.alive]
+    alive = [r for r in world.instances(name) if r.alive or any(n.alive for n in r.nodes)]
     if alive:
         kills = [Kill(r.machine, r.identity, r.workspace) for r in alive]
         return Change(name, "terminate", code, f"{why}: stopping {', '.join(r.identity for r in alive)}",
@@ -541,7 +559,15 @@ def _on_unreachable(world: ObservedWorld, prev: RunStatus | None) -> str | None:
 
 def _running(name: str, entry: RunEntry, prev: RunStatus | None, world: ObservedWorld, desired: DesiredState,
              slots: dict[str, Slot], settings: PlanSettings, now: float, missing: list[str], book) -> list[Change]:
+    ended = [g for g in world.instances(name) if g.nodes and g.state != "running" and any(n.alive for n in g.nodes)]
+    for g in ended:
+        _free_nodes(g, slots, book)  # stopped by this pass's change: their room is the relaunch's
     changes = _running_changes(name, entry, prev, world, desired, slots, settings, now, missing, book)
+    for g in ended:
+        # An attempt on several machines ends on every node at once: the nodes still running are
+        # stopped with the run's change (their workers too: terminate stops every process that
+        # carries the identity).
+        _stop_nodes(changes, g)
     for c in changes:
         if c.action == "collect" and c.phase in ("Succeeded", "Failed"):
             # The run is over: the workspaces its earlier attempts left on remote machines can go
@@ -550,6 +576,93 @@ def _running(name: str, entry: RunEntry, prev: RunStatus | None, world: Observed
                          if r.identity != c.identity and not r.alive and r.machine != LOCAL
                          and r.state != "unknown"]
     return changes
+
+
+def _gang_changes(name, entry, prev, obs, world, desired, settings, now, launch, base, policy, stale, slots, book):
+    """What only a run on several machines needs: its staged nodes started where they were staged,
+    a node whose machine does not answer waited for (the unreachable grace), a frozen node caught
+    by its heartbeat. None: the common path decides (the folded instance reads like any other)."""
+    ident = obs.identity
+    if obs.state == "staged":
+        # A pass died between staging the nodes and starting them: start them where they are, with
+        # the same GPUs (the rendezvous is chosen at launch, so nothing in the bundles is stale).
+        return [Change(name, "launch", "Launch", f"{ident} was staged but never started; starting it", "Running",
+                       identity=ident, machine=obs.machine, backend=_backend(entry, desired), gpus=list(obs.gpus),
+                       kill=stale, nodes=[Node(r.machine, r.identity, r.workspace, list(r.gpus)) for r in obs.nodes],
+                       **base)]
+    if obs.state != "running":
+        return None
+    if obs.unreachable:
+        where = obs.unreachable[0]
+        since = world.machines[where].unreachable_since or now
+        left = settings.unreachable_grace - (now - since)
+        if left > 0:
+            return [Change(name, "wait", "MachineUnreachable",
+                           f"{where} does not answer ({world.machines[where].error or 'no reply'}); {ident} is "
+                           f"declared lost at {iso(since + settings.unreachable_grace)} if it still does not answer",
+                           prev.phase if prev else "Unknown", retry_after=min(left, 60.0), identity=ident,
+                           machine=where, kill=stale, **base)]
+        why = f"lost: {where}, a node's machine, unreachable for {now - since:.0f}s"
+        _free_nodes(obs, slots, book)
+        return _stop_nodes(_after_failure(name, entry, prev, ident, obs, why, now, launch, base, policy,
+                                          lost_at=since + settings.unreachable_grace), obs)
+    frozen = [r for r in obs.nodes if r.alive and r.heartbeat_age is not None
+              and r.heartbeat_age > settings.gang_heartbeat_timeout]
+    if frozen:
+        r = frozen[0]
+        why = (f"node n{node_of(r.identity)} on {r.machine} has not beaten for {r.heartbeat_age:.0f}s "
+               f"(frozen; gang_heartbeat_timeout {settings.gang_heartbeat_timeout:g}s): ending {ident} on every node")
+        _free_nodes(obs, slots, book)
+        return _stop_nodes(_after_failure(name, entry, prev, ident, obs, why, now, launch, base, policy,
+                                          lost_at=now - r.heartbeat_age + settings.gang_heartbeat_timeout), obs)
+    return None
+
+
+def _stop_nodes(changes: list[Change], gang: ObservedRun) -> list[Change]:
+    """The attempt is over: its nodes still alive are stopped with the change that ends it."""
+    have = {k.identity for k in changes[-1].kill}
+    changes[-1].kill = changes[-1].kill + [Kill(r.machine, r.identity, r.workspace) for r in gang.nodes
+                                           if r.alive and r.identity not in have]
+    return changes
+
+
+def _free_nodes(gang: ObservedRun, slots: dict[str, Slot], book) -> None:
+    """Give back, in this plan, the room of an ending attempt's live nodes (the change that ends
+    the attempt stops them before it launches anything)."""
+    for r in gang.nodes:
+        slot = slots.get(r.machine)
+        if not r.alive or slot is None:
+            continue
+        slot.tasks = max(0, slot.tasks - 1)
+        slot.used_gpus.difference_update(r.gpus)
+        slot._counts.clear()
+        if book is not None:
+            for index in book.rooms.values():
+                if slot.name in index.by_name:
+                    index.changed(slot)
+
+
+def expand_gangs(plan: Plan, world: ObservedWorld) -> None:
+    """Changes name a run on several machines by its attempt's identity; what is done is done on
+    each node: a stop or a clean-up on each node's machine, a collection of each node."""
+    def nodes_of(ident: str | None) -> list[ObservedRun]:
+        gang = world.find(ident) if ident else None
+        return gang.nodes if gang is not None and gang.nodes and node_of(ident or "") is None else []
+
+    def flat(kills: list[Kill]) -> list[Kill]:
+        out = []
+        for k in kills:
+            parts = nodes_of(k.identity)
+            out += [Kill(r.machine, r.identity, r.workspace, k.grace) for r in parts] if parts else [k]
+        return out
+
+    for c in plan.changes:
+        c.kill, c.cleanup = flat(c.kill), flat(c.cleanup)
+        if c.collect_first is not None and nodes_of(c.collect_first.identity):
+            c.collect_nodes = [Node(r.machine, r.identity, r.workspace, list(r.gpus))
+                               for r in nodes_of(c.collect_first.identity)]
+        if c.action == "collect" and not c.nodes and nodes_of(c.identity):
+            c.nodes = [Node(r.machine, r.identity, r.workspace, list(r.gpus)) for r in nodes_of(c.identity)]
 
 
 def generation_for(entry: RunEntry, prev: RunStatus | None, instances: list[ObservedRun]) -> int:
@@ -655,6 +768,11 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
         return out
 
     handle_ident = prev.handle.identity if prev and prev.handle else None
+    if obs is not None and obs.nodes:
+        out = _gang_changes(name, entry, prev, obs, world, desired, settings, now, launch, base, policy, stale,
+                            slots, book)
+        if out is not None:
+            return out
     if obs is not None and obs.state == "staged":
         # Staged by an earlier pass that could not start it (or died first): finish launching it.
         return launch(attempt, "Launch", f"{ident} was staged but never started; starting it")
@@ -834,6 +952,8 @@ def _place(name, entry, desired, slots, ident, code, why, stale, base, resume_fr
     candidates = _candidates(slots, eff.placement, eff.target, book.candidates if book is not None else None)
     action = "relaunch" if (stale or code in ("Relaunch", "SpecChanged", "GenerationTaken")) else "launch"
     fallback = template.placement.fallback == "rental" and book is not None
+    if res.nodes > 1:
+        return [_place_gang(name, eff, candidates, res, ident, action, code, why, stale, base, resume_from, book)]
     if not candidates and not fallback:
         return [Change(name, "wait", "NoMachine", f"no machine matches target {eff.target!r}", "Pending",
                        identity=ident, kill=stale, retry_after=60.0, **base)]
@@ -902,6 +1022,52 @@ def _place(name, entry, desired, slots, ident, code, why, stale, base, resume_fr
         return out
     return [Change(name, "wait", "NoCapacity", "no capacity: " + "; ".join(rejected), "Pending",
                    identity=ident, kill=stale, retry_after=30.0, considered=rejected, **base)]
+
+
+def _place_gang(name, eff, candidates, res, ident, action, code, why, stale, base, resume_from, book) -> Change:
+    """N machines at once or none (gang placement): each node needs the run's GPUs, CPUs and
+    memory on a machine of its own. The nodes go where the fewest matching GPUs stay free, then the
+    fewest tasks, then by name; rank 0 (the rendezvous) is the first of them."""
+    ranked, rejected = [], []
+    for slot in candidates:
+        missing = [f"{k}={v}" for k, v in sorted(eff.selector.items()) if slot.labels.get(k) != v]
+        if missing:
+            rejected.append(f"{slot.name}: labels do not match the selector ({', '.join(missing)})")
+            continue
+        short = slot.host_room(res.cpu_count, res.memory_gb)
+        if short:
+            rejected.append(f"{slot.name}: {short}")
+            continue
+        types = slot.types_for(res.wanted_types(), res.gpu_memory_gb)
+        options = [(slot.free_count(t) - res.gpu_count if res.gpu_count else 0, slot.tasks, slot.name, i, t)
+                   for i, t in enumerate(types) if slot.fits(res.gpu_count, t)]
+        if not options:
+            rejected.append(f"{slot.name}: " + (slot.why_not(res.gpu_count, types[0]) if types else "no GPU of "
+                                                + "/".join(t or "any" for t in res.wanted_types())))
+            continue
+        ranked.append((min(options), slot))
+    shown = rejected[:SHOWN] + ([f"… and {len(rejected) - SHOWN} more"] if len(rejected) > SHOWN else [])
+    if len(ranked) < res.nodes:
+        return Change(name, "wait", "NoCapacity", f"no capacity: {res.nodes} machines needed at once, "
+                      f"{len(ranked)} have room" + ("; " + "; ".join(shown) if shown else ""), "Pending",
+                      identity=ident, kill=stale, retry_after=30.0, considered=shown, **base)
+    ranked.sort(key=lambda x: x[0])
+    nodes = []
+    for rank, ((_, _, _, _, t), slot) in enumerate(ranked[:res.nodes]):
+        gpus = slot.take(res.gpu_count, t)
+        slot.cpu_used += res.cpu_count or 0
+        slot.memory_used += res.memory_gb or 0.0
+        if book is not None:
+            book.placed_on(slot.name, name)
+            index = book.rooms.get(id(candidates))
+            if index is not None:
+                index.changed(slot)
+        nodes.append(Node(slot.name, node_identity(ident, rank), gpus=gpus))
+    considered = [f"{n.machine}: node n{k}" + (" (the rendezvous)" if k == 0 else "") for k, n in enumerate(nodes)]
+    considered += [f"{slot.name}: fits, not needed" for _, slot in ranked[res.nodes:]][:SHOWN] + shown
+    return Change(name, action, code, why, "Running", identity=ident, machine=nodes[0].machine, backend=eff.backend,
+                  gpus=list(nodes[0].gpus), kill=stale, resume_from=resume_from, considered=considered, nodes=nodes,
+                  **base)
 
 
 def _labels(wanted: dict[str, str]) -> str:
@@ -1040,6 +1206,12 @@ def _accounted(plan: Plan) -> set[str]:
     return covered
 
 
+def _attempt(ident: str) -> str:
+    """The attempt a node's identity belongs to (the identity itself for a one-machine attempt)."""
+    p = parse(ident)
+    return str(p) if p is not None else ident
+
+
 def _fences(world: ObservedWorld, protected: set[str], covered: set[str], known: set[str], now: float,
             orphan_grace: float, warnings: list[str]) -> list[Change]:
     """Live instances no change accounts for (``covered``): an old attempt that came back, a
@@ -1054,7 +1226,7 @@ def _fences(world: ObservedWorld, protected: set[str], covered: set[str], known:
         if not m.reachable:
             continue
         for ident, r in sorted(m.runs.items()):
-            if r.alive and ident not in covered:
+            if r.alive and ident not in covered and _attempt(ident) not in covered:
                 p = parse(ident)
                 if p is not None and p.name in protected:
                     continue
@@ -1091,7 +1263,7 @@ def _leftovers(plan: Plan, world: ObservedWorld, protected: set[str], known: set
         if not m.reachable:
             continue
         for ident, r in sorted(m.runs.items()):
-            if r.alive or r.collected or r.state == "unknown" or ident in covered:
+            if r.alive or r.collected or r.state == "unknown" or ident in covered or _attempt(ident) in covered:
                 continue
             p = parse(ident)
             if p is None or p.name in protected:

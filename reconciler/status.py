@@ -45,6 +45,9 @@ class Handle(Lenient):
     pid: int | None = None
     container: str | None = None
     job: str | None = None  # the Slurm job id (slurm placement)
+    # A run on several machines: each node's machine, identity and workspace, by rank (machine,
+    # identity and workspace above are the attempt's and node 0's).
+    nodes: list[dict[str, Any]] | None = None
     gpus: list[int] = Field(default_factory=list)
     launched_at: str | None = None
     # A rented machine: {provider, id, name, offer, price_per_hour, host_key, host, port, user,
@@ -415,6 +418,7 @@ def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_com
                     container=(launched.container if launched else None) or (obs.container if obs else None),
                     job=(launched.job if launched else None) or (obs.job if obs else None),
                     gpus=list(change.gpus), launched_at=st.handle.launched_at if keep_time else iso(now),
+                    nodes=_nodes(change, obs),
                 )
             st.exit_code = None
             st.retry_at = None
@@ -444,7 +448,7 @@ def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_com
             # status would pin its end to another instance under this spec.
             st.handle = Handle(backend=change.backend, machine=obs.machine, identity=obs.identity,
                                workspace=obs.workspace, pid=obs.pid, container=obs.container, job=obs.job,
-                               gpus=list(obs.gpus),
+                               gpus=list(obs.gpus), nodes=_nodes(None, obs),
                                launched_at=iso(obs.started_at) if obs.started_at else None)
         if st.handle is not None and obs is not None and obs.pid and st.handle.identity == obs.identity:
             st.handle.pid = st.handle.pid or obs.pid
@@ -528,6 +532,19 @@ def _close_cost(st: RunStatus, now: float) -> None:
     total = cost_so_far(st, now)
     st.cost = {k: v for k, v in cost.items() if k not in ("since", "machine")}
     st.cost["so_far"] = round(total, 4)
+
+
+def _nodes(change, obs) -> list[dict] | None:
+    """The nodes of a run on several machines, for its handle: as launched, else as observed."""
+    if change is not None and change.nodes:
+        return [{"rank": k, "machine": n.machine, "identity": n.identity, "workspace": n.workspace}
+                for k, n in enumerate(change.nodes)]
+    if obs is not None and obs.nodes:
+        from .identity import node_of
+
+        return [{"rank": node_of(r.identity), "machine": r.machine, "identity": r.identity, "workspace": r.workspace}
+                for r in obs.nodes]
+    return None
 
 
 def cost_so_far(st: RunStatus, now: float) -> float:

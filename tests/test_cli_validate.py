@@ -289,5 +289,5 @@ def test_slurm_templates_and_multi_node_runs_are_checked(tmp_path: Path) -> None
     assert "execution_templates/c2.yaml:7:5: placement.slurm.workspace_root: login host 'local' has workspace_root '/shared/a' in " \
            "execution_templates/c1.yaml: one cluster, one root" in out
     assert "execution_templates/c3.yaml" in out and "host_process" in out
-    assert "specs/runs/wide.yaml:11:" in out and "needs slurm placement; template 'local-host' has local placement" in out
+    assert "specs/runs/wide.yaml:11:" in out and "needs ssh or slurm placement; template 'local-host' has local placement" in out
     assert "specs/runs/ok.yaml" not in out

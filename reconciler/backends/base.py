@@ -70,6 +70,7 @@ class LaunchSpec:
     secrets: dict[str, str] = field(default_factory=dict)
     spec_digest: str = ""  # the workspace must have been built for this spec to be started or adopted
     slurm: "SlurmJob | None" = None  # slurm placement: what sbatch asks for
+    env: dict[str, str] = field(default_factory=dict)  # plain, launch-time environment (a node's rank and rendezvous)
 
 
 @dataclass
@@ -115,6 +116,15 @@ class LaunchResult:
 def secrets_file(secrets: dict[str, str]) -> bytes:
     """Shell-sourceable ``export NAME='value'`` lines, read once by the wrapper and deleted."""
     return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(secrets.items())).encode()
+
+
+def launch_env_lines(env: dict[str, str]) -> str:
+    """Shell lines, run in a workspace before it starts: write runtime/launch.env, which the launch
+    wrapper reads after scripts/env.sh (what only the launch can know, such as a node's rank)."""
+    if not env:
+        return ""
+    body = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
+    return f"printf '%s' {shlex.quote(body)} > runtime/launch.env\n"
 
 
 def built_for_check(spec_digest: str) -> str:

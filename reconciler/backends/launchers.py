@@ -13,7 +13,8 @@ import shlex
 import time
 
 from ..errors import PermanentError, TemporaryError
-from .base import WRONG_SPEC, LaunchResult, LaunchSpec, Transport, built_for_check, docker_prefix, secrets_file
+from .base import (WRONG_SPEC, LaunchResult, LaunchSpec, Transport, built_for_check, docker_prefix, launch_env_lines,
+                   secrets_file)
 
 # How long a launch waits, on the machine, for the wrapper to write its pid.
 PID_WAIT = "i=0; while [ ! -s runtime/pid ] && [ $i -lt 100 ]; do sleep 0.02; i=$((i+1)); done"
@@ -85,6 +86,7 @@ def _launch_host(t: Transport, spec: LaunchSpec) -> LaunchResult:
         + built_for_check(spec.spec_digest) +
         "mkdir -p runtime artifacts\n"
         "if [ -e runtime/launched_at ]; then echo adopted; cat runtime/pid 2>/dev/null; exit 0; fi\n"
+        + launch_env_lines(spec.env) +
         "date +%s > runtime/launched_at\n"
         f"setsid sh scripts/launch.sh {ident} </dev/null >/dev/null 2>&1 &\n"
         f"{PID_WAIT}\n"
@@ -119,6 +121,7 @@ def _launch_docker(t: Transport, spec: LaunchSpec) -> LaunchResult:
         + built_for_check(spec.spec_digest) +
         "mkdir -p runtime artifacts\n"
         "if [ -e runtime/container ]; then echo adopted; exit 0; fi\n"
+        + launch_env_lines(spec.env) +
         f"echo {ident} > runtime/container\n"
         "date +%s > runtime/launched_at\n"
         f"out=$({dp}{cmd} 2>&1); rc=$?\n"

@@ -31,6 +31,8 @@ RECONCILER_IDENTITY="$ident"
 RECONCILER_BUNDLE="$bundle"
 export RECONCILER_IDENTITY RECONCILER_BUNDLE
 [ -f scripts/env.sh ] && . ./scripts/env.sh
+# What only the launch could know (a node's rank and its run's rendezvous): written by the launcher.
+[ -f runtime/launch.env ] && . ./runtime/launch.env
 
 # A run across several machines under Slurm (env.sh sets RECONCILER_NODES): this wrapper runs on
 # the allocation's first node, which is the rendezvous (MASTER_ADDR: its address as Slurm knows

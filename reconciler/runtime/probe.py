@@ -37,7 +37,8 @@ import subprocess
 import sys
 import time
 
-IDENTITY = re.compile(r"^(?P<name>[a-z0-9]([-a-z0-9]*[a-z0-9])?)-g(?P<gen>[0-9]+)-a(?P<attempt>[0-9]+)$")
+IDENTITY = re.compile(r"^(?P<name>[a-z0-9]([-a-z0-9]*[a-z0-9])?)-g(?P<gen>[0-9]+)-a(?P<attempt>[0-9]+)"
+                      r"(-n[0-9]+)?$")  # identity.py's: a node of a run on several machines ends in -n<rank>
 TAIL_BYTES = 8192
 PRECHECK_EXIT = 3  # precheck.py: the environment does not match the spec
 DRAIN_FILE = os.path.join("~", ".reconciler", "drain")
@@ -266,6 +267,8 @@ def probe(root, names=None, now=None):
                 payload = json.loads(job).get("payload", {})
                 run["gpus"] = payload.get("gpus", [])
                 run["spec_digest"] = payload.get("spec_digest")
+                if payload.get("gang"):  # {rank, of}: one node of a run on several machines
+                    run["gang"] = payload["gang"]
             except (ValueError, AttributeError):
                 pass
         started = _read(os.path.join(rt, "started_at"))
@@ -537,10 +540,51 @@ def terminate(ws, identity, grace=10.0):
                     _signal(pgid, 9)
                     out["killed"] = True
                     _gone_within(pgid, identity, 5)
+    if slurm is None and not container:
+        # Processes that left the group (torchrun starts each worker in a session of its own):
+        # they still carry the identity in their environment, and go with it.
+        strays = _carrying(identity)
+        if strays:
+            out["was_alive"] = True
+            _signal_pids(strays, 15)
+            deadline = time.time() + grace
+            while _carrying(identity) and time.time() < deadline:
+                time.sleep(0.05)
+            left = _carrying(identity)
+            if left:
+                _signal_pids(left, 9)
+                out["killed"] = True
     if os.path.isdir(ws) and not os.path.exists(os.path.join(rt, "result.json")):
         _write_result(ws, "terminated", 137 if out.get("killed") else 143, "terminated by the reconciler")
     _drop_secrets(rt)
     return out
+
+
+def _carrying(identity):
+    """Live processes whose environment says they belong to ``identity`` (exactly that one)."""
+    needle = f"RECONCILER_IDENTITY={identity}\0".encode()
+    me = os.getpid()
+    found = []
+    for pids in _process_groups().values():
+        for pid in pids:
+            if pid == me:
+                continue
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as fh:
+                    env = b"\0" + fh.read() + b"\0"
+            except OSError:
+                continue
+            if b"\0" + needle in env:
+                found.append(pid)
+    return found
+
+
+def _signal_pids(pids, sig):
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _gone_within(pgid, identity, seconds):

@@ -244,7 +244,7 @@ def _check_template(f, add) -> None:
         add(f, ("defaults", "resources", "gpu_type"), "gpu_type is set but gpu_count is 0")
     placement = _at(t, "placement", "kind")
     if isinstance(resources, dict) and type(resources.get("nodes")) is int and resources["nodes"] > 1 \
-            and placement != "slurm":
+            and placement not in ("ssh", "slurm"):
         add(f, ("defaults", "resources", "nodes"), MULTI_NODE_PLACEMENT)
 
 
@@ -369,7 +369,7 @@ def _check_run(root: Path, f, templates: dict, add, invalid_templates: set[str],
             add(f, ("spec", "task", "env", name), f"'{name}' is a secret; remove it from env")
 
 
-MULTI_NODE_PLACEMENT = "a run across several machines (nodes > 1) needs slurm placement"
+MULTI_NODE_PLACEMENT = "a run across several machines (nodes > 1) needs ssh or slurm placement"
 
 
 def _check_nodes(f, overrides: dict, template: ExecutionTemplate | None, add) -> None:
@@ -377,7 +377,7 @@ def _check_nodes(f, overrides: dict, template: ExecutionTemplate | None, add) ->
     nodes = res.get("nodes")
     if template is None or type(nodes) is not int or nodes <= 1 or "resources" not in template.allow_overrides:
         return
-    if template.placement.kind != "slurm":
+    if template.placement.kind not in ("ssh", "slurm"):
         add(f, ("spec", "overrides", "resources", "nodes"), f"{MULTI_NODE_PLACEMENT}; template '{template.id}' "
                                                             f"has {template.placement.kind} placement")
 

@@ -100,7 +100,7 @@ class Resources(Strict):
     cpu_count: int | None = Field(None, ge=1, le=1024, description="CPU cores per run.", examples=[8])
     memory_gb: float | None = Field(None, gt=0, le=16384, description="Host memory per run, in GB.", examples=[64])
     nodes: int = Field(1, ge=1, le=64, description="Machines the run spans, all started together or none "
-                       "(slurm placement); gpu_count, cpu_count and memory_gb are per machine.", examples=[2])
+                       "(ssh or slurm placement); gpu_count, cpu_count and memory_gb are per machine.", examples=[2])
 
     @model_validator(mode="after")
     def _any_of(self):

@@ -4,7 +4,7 @@ Fixtures:
 
 * ``sshd`` (session): a started :class:`~tests.infra.sshd.SshServer` on 127.0.0.1 logging in as ``rctest``.
   Shared by all tests: do not ``stop()`` it (use ``sshd_factory`` for that).
-* ``sshd_factory`` (function): ``sshd_factory(host="127.0.0.1", start=True)`` returns a new
+* ``sshd_factory`` (function): ``sshd_factory(host="127.0.0.1", start=True, user=None)`` returns a new
   ``SshServer`` (own port, own keys); all of them are stopped at the test's teardown.  Any 127.x.y.z
   address works (loopback); use distinct ones to model distinct machines.
 * ``slurm`` (session): a started :class:`~tests.infra.slurm.SlurmCluster`: munged, slurmctld and two
@@ -69,8 +69,8 @@ def sshd_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
     _require_sshd()
     servers: list[SshServer] = []
 
-    def make(host: str = "127.0.0.1", start: bool = True) -> SshServer:
-        server = SshServer(tmp_path_factory.mktemp("sshd-extra"), host=host)
+    def make(host: str = "127.0.0.1", start: bool = True, user: str | None = None) -> SshServer:
+        server = SshServer(tmp_path_factory.mktemp("sshd-extra"), host=host, **({"user": user} if user else {}))
         servers.append(server)
         return server.start() if start else server
 

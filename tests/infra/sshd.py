@@ -84,7 +84,10 @@ class SshServer:
         self.extra_config = extra_config  # appended last (a Match block must be)
         self.scratch = Path(scratch)
         self.scratch.mkdir(parents=True, exist_ok=True)
-        self.home = ensure_test_user(user).pw_dir
+        # root: for what only root can run here (the ms-swift environment's python lives under
+        # /root); its account is used as it is (no password change), as the local provider's
+        # rentals with login: self do.
+        self.home = pwd.getpwnam("root").pw_dir if user == "root" else ensure_test_user(user).pw_dir
         self.port = port or free_port(host)
         self._proc: subprocess.Popen[bytes] | None = None
         self._other_host_key: str | None = None
@@ -143,7 +146,7 @@ class SshServer:
                     "KbdInteractiveAuthentication no",
                     "UsePAM no",
                     "StrictModes no",
-                    "PermitRootLogin no",
+                    "PermitRootLogin prohibit-password" if self.user == "root" else "PermitRootLogin no",
                     f"AllowUsers {self.user}",
                     "PrintMotd no",
                     "PrintLastLog no",

@@ -443,3 +443,40 @@ def test_command_run_on_two_gpus_gets_the_variables_and_a_free_master_port(tmp_p
     nproc, nnodes, rank, addr, port = (b / "artifacts" / "stdout.log").read_text().split()
     assert (nproc, nnodes, rank, addr) == ("2", "1", "0", "127.0.0.1")
     assert 1024 < int(port) < 65536
+
+
+# ---------------------------------------------------------------- several machines
+
+
+def multi_node_template(kind: str) -> ExecutionTemplate:
+    placement = {"kind": kind}
+    if kind == "slurm":
+        placement["slurm"] = {"workspace_root": "/shared"}
+    return ExecutionTemplate.model_validate({
+        "apiVersion": "reconciler/v1", "kind": "ExecutionTemplate", "id": "local-swift",
+        "placement": placement, "launch_mode": {"kind": "host_process"},
+        "defaults": {"resources": {"gpu_count": 2, "nodes": 2}}})
+
+
+def test_a_node_of_a_two_machine_swift_run_renders_its_share_and_learns_its_rank_at_launch(tmp_path):
+    (tmp_path / "repo").mkdir()
+    t = multi_node_template("ssh")
+    run = run_model({})
+    req = bundles.BundleRequest(repo_root=tmp_path / "repo", identity="r-g1-a1-n1", run=run, spec_digest=run_digest(run),
+                                repo_head=None, template=t, effective=effective(run, t), machine="m2", gpus=[0, 1],
+                                gang={"rank": 1, "of": 2, "machines": ["m1", "m2"]})
+    bundle = bundles.build(req, tmp_path / "bundles" / "r-g1-a1-n1").path
+    env = env_file(bundle)
+    assert env["NPROC_PER_NODE"] == "2" and env["NNODES"] == "2" and env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    # Rank and rendezvous come with the launch (runtime/launch.env), not with the bundle.
+    assert not {"NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "RECONCILER_NODES"} & set(env)
+    payload = json.loads((bundle / "job.json").read_text())["payload"]
+    assert payload["gang"] == {"rank": 1, "of": 2, "machines": ["m1", "m2"]}
+
+
+def test_a_two_node_slurm_run_is_one_bundle_that_srun_starts_on_each_node(tmp_path):
+    (tmp_path / "repo").mkdir()
+    t = multi_node_template("slurm")
+    env = env_file(build_on_gpus(tmp_path, run_model({}), [], t))
+    assert env["RECONCILER_NODES"] == "2" and env["NNODES"] == "2" and env["NPROC_PER_NODE"] == "2"
+    assert "CUDA_VISIBLE_DEVICES" not in env  # Slurm's to set: it chose the GPUs
