@@ -29,7 +29,8 @@ def names_to_watch(desired: DesiredState, previous: dict[str, RunStatus],
 def unreachable_since(previous: dict[str, RunStatus], machine: str) -> float | None:
     times = []
     for st in previous.values():
-        if st.handle is None or st.handle.machine != machine:
+        if st.handle is None or (st.handle.machine != machine
+                                 and not any(n.get("machine") == machine for n in st.handle.nodes or ())):
             continue
         c = st.condition("MachineReachable")
         if c is not None and c.status == "False":

@@ -159,3 +159,25 @@ def test_several_nodes_need_ssh_or_slurm_placement(tmp_path, placement) -> None:
     w.add_run(run_spec("wide", placement, ["true"], overrides={"resources": {"nodes": 2}}))
     desired = load_tree(w.repo)
     assert "wide" in desired.invalid and "needs ssh or slurm placement" in desired.invalid["wide"]
+
+
+def test_a_node_whose_machine_stays_unreachable_ends_the_attempt_on_the_others(tmp_path, sshd_factory) -> None:
+    servers = [sshd_factory(host=f"127.0.0.{i + 2}") for i in range(2)]
+    w = gang_world(tmp_path, servers, unreachable_grace=1.0)
+    w.add_run(run_spec("far", "ssh-host", NODE, overrides={"resources": {"nodes": 2}}))
+    try:
+        w.until("far", lambda s: s.phase == "Running", timeout=30)
+        servers[1].stop()  # node-1 stops answering; what runs there is out of reach
+        rec = w.reconciler()
+        first = rec.run_pass().plan.for_run("far")
+        assert (first.action, first.code) == ("wait", "MachineUnreachable") and first.machine == "node-1"
+        assert processes_with("RECONCILER_IDENTITY=far-g1-a1-n0")  # within the grace nothing is stopped
+        time.sleep(1.1)  # past unreachable_grace (1 s): the timeout under test
+        st = _until(lambda: rec.run_pass() and (s := w.status("far")).phase == "Failed" and s, 20, "Failed")
+        assert "node-1, a node's machine, unreachable" in st.message
+        # Node 0 was stopped: an attempt never goes on with a node missing.
+        _until(lambda: not processes_with("RECONCILER_IDENTITY=far-g1-a1-n0"), 15, "node 0 stopped")
+    finally:
+        for pid in processes_with("RECONCILER_IDENTITY=far-g1-a1-n1"):
+            os.kill(pid, signal.SIGKILL)
+        w.cleanup()
