@@ -116,8 +116,33 @@ def commit_status(repo: git.Repo, message: str | Callable[[list[str]], str], aut
         except OSError:
             pass
     # The real index now lags HEAD for these paths; align just them, leaving the user's staging alone.
-    g.reset("-q", "HEAD", "--", *paths, *ledger)
+    _index_to(repo, new, [*paths, *ledger])
     return StatusCommit(new, paths)
+
+
+def _index_to(repo: git.Repo, commit: str, paths: list[str]) -> None:
+    """Set the real index's entries for ``paths`` (all directly under status/) to ``commit``'s, as
+    ``git reset -q COMMIT -- PATHS`` does. That matches every pathspec against every entry (about
+    a second for 10,000 paths); one listing of status/ fed to update-index is linear."""
+    root = Path(repo.working_tree_dir)
+    listing = run_git(root, "ls-tree", "-z", "--full-tree", commit, "--", STATUS_DIR + "/").stdout
+    entries = {}
+    for item in listing.split("\0"):
+        meta, _, path = item.partition("\t")
+        if path:
+            entries[path] = meta
+    lines = []
+    for path in paths:
+        meta = entries.get(path)
+        if meta is None:  # deleted by the commit: out of the index too
+            lines.append(f"0 {'0' * 40}\t{path}\0")
+        else:
+            mode, _, sha = meta.split(" ")
+            lines.append(f"{mode} {sha}\t{path}\0")
+    p = subprocess.run(["git", "-C", str(root), "update-index", "-z", "--index-info"], input="".join(lines),
+                       capture_output=True, text=True, timeout=120, env=git_env())
+    if p.returncode != 0:
+        raise GitError(f"git update-index failed: {p.stderr.strip()[:500]}")
 
 
 def transitions_message(lines: list[str], files: int | None = None) -> str:

@@ -40,28 +40,37 @@ def unreachable_since(previous: dict[str, RunStatus], machine: str) -> float | N
     return min(times) if times else None
 
 
-def _each(fn: Callable, items: list, parallel: int) -> list:
+def each(fn: Callable, items: list, parallel: int) -> list:
     """``fn`` over ``items`` on ``parallel`` threads that each take the next item when done: a
     slow machine holds one thread, not a share of the list. Cheaper than a future per machine
-    when there are a thousand (the futures' locks contend for the interpreter with the probes)."""
+    when there are a thousand (the futures' locks contend for the interpreter with the probes).
+    The results are in the items' order; the first exception raised is raised here."""
+    if parallel <= 1 or len(items) <= 1:
+        return [fn(x) for x in items]
     out: list = [None] * len(items)
+    errors: list[BaseException] = []
     it = iter(range(len(items)))
     lock = threading.Lock()
 
     def worker() -> None:
-        while True:
+        while not errors:
             with lock:
                 i = next(it, None)
             if i is None:
                 return
-            out[i] = fn(items[i])
+            try:
+                out[i] = fn(items[i])
+            except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+                errors.append(e)
 
-    threads = [threading.Thread(target=worker, name=f"observe-{n}", daemon=True)
-               for n in range(max(1, min(parallel, len(items))))]
+    threads = [threading.Thread(target=worker, name=f"each-{n}", daemon=True)
+               for n in range(min(parallel, len(items)))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    if errors:
+        raise errors[0]
     return out
 
 
@@ -111,7 +120,7 @@ def observe(machines: list[str], transport_for: Callable[[str], object], names: 
     if len(machines) == 1:
         results = [one(machines[0])]
     else:
-        results = _each(one, machines, parallel)
+        results = each(one, machines, parallel)
     for m in results:
         world.machines[m.name] = m
     return world
