@@ -115,6 +115,12 @@ class SshTransport:
         # then invoked by path: no 16 KB of source per call. None: not known yet; False: the
         # machine cannot keep it (the source is sent every time, as before).
         self._staged: bool | None = None
+        # A long-lived reconciler's probes go to a resident helper on the machine (keep_resident:
+        # set for kept connections only; a one-shot command would leave nothing to reuse).
+        self.keep_resident = False
+        self._resident = None
+        self._resident_buf = bytearray()
+        self._resident_lock = threading.Lock()
         root = machine.workspace_root
         self._root: str | None = root if root.startswith("/") else None
 
@@ -223,9 +229,68 @@ class SshTransport:
 
     def close(self) -> None:
         with self._lock:
+            self._drop_resident()
             if self._client is not None:
                 self._client.close()
                 self._client = None
+
+    # ------------------------------------------------------------------ the resident probe
+
+    def _drop_resident(self) -> None:
+        chan, self._resident = self._resident, None
+        if chan is not None:
+            try:
+                chan.close()  # its stdin closes: the helper exits
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
+
+    def _resident_probe(self, args: dict) -> dict | None:
+        """A probe through the machine's resident helper (``probe.py --serve`` on a channel kept
+        open): one line out, one line back, no interpreter started. Started on first use once the
+        probe is staged; None whenever it cannot answer (not started, gone, timed out), and the
+        caller runs the probe the usual way (a helper that misbehaves is dropped, and started
+        again on a later pass)."""
+        if not self._staged or not self.keep_resident:
+            return None
+        deadline = time.monotonic() + self.command_timeout
+        try:
+            with self._resident_lock:
+                if self._resident is None:
+                    client = self._connect()
+                    chan = client.get_transport().open_session(timeout=self.connect_timeout)
+                    path = f"$HOME/.cache/reconciler/agent-{agent_hash()}.py"
+                    env = f"export DOCKER_HOST={shlex.quote(self.machine.docker_host)}; " if self.machine.docker_host else ""
+                    chan.exec_command(f'{env}f="{path}"; [ -f "$f" ] || exit {STAGED_MISSING}; exec python3 "$f" --serve')
+                    self._resident, self._resident_buf = chan, bytearray()
+                chan = self._resident
+                self.round_trips += 1
+                chan.sendall(json.dumps(args, separators=(",", ":"), sort_keys=True).encode() + b"\n")
+                buf = self._resident_buf
+                while b"\n" not in buf:
+                    while chan.recv_stderr_ready():
+                        chan.recv_stderr(1 << 16)  # nothing is expected there; never let it fill up
+                    if chan.recv_ready():
+                        data = chan.recv(1 << 20)
+                        if not data:
+                            raise EOFError("the helper closed its output")
+                        buf += data
+                        continue
+                    if chan.exit_status_ready() or chan.closed:
+                        raise EOFError("the helper exited")
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError(f"no answer in {self.command_timeout:g}s")
+                    select.select([chan], [], [], min(left, 1.0))
+                line, _, rest = bytes(buf).partition(b"\n")
+                self._resident_buf = bytearray(rest)
+            answer = json.loads(line.decode("utf-8", "replace"))
+        except (paramiko.SSHException, OSError, EOFError, TimeoutError, ValueError, AttributeError):
+            with self._resident_lock:
+                self._drop_resident()
+            return None
+        if not isinstance(answer, dict) or "__error__" in answer:
+            return None
+        return answer
 
     # ------------------------------------------------------------------ commands
 
@@ -280,6 +345,11 @@ class SshTransport:
     def agent(self, args: dict) -> dict:
         if args.get("op") == "probe":
             args = dict(args, root=self._root or self.machine.workspace_root)
+            report = self._resident_probe(args)
+            if report is not None:
+                if isinstance(report.get("root"), str) and report["root"].startswith("/"):
+                    self._root = report["root"]
+                return report
         program, argv = agent_program(args)
         rc = None
         for _ in range(2):  # staged: by path; gone since (a cleaned home): staged again

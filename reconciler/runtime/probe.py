@@ -695,7 +695,25 @@ def dispatch(args):
     raise SystemExit(f"unknown op {op!r}")
 
 
+def serve(stdin, stdout):
+    """``--serve``: one JSON request a line on stdin, one JSON answer a line on stdout, until
+    stdin closes (its SSH channel closed: the reconciler stopped or lost the connection). A
+    long-lived reconciler keeps one per machine so that a probe costs no interpreter start."""
+    for line in stdin:
+        if not line.strip():
+            continue
+        try:
+            answer = dispatch(json.loads(line))
+        except Exception as e:  # noqa: BLE001 - reported to the caller, the helper goes on
+            answer = {"__error__": f"{type(e).__name__}: {e}"}
+        stdout.write(json.dumps(answer) + "\n")
+        stdout.flush()
+    return 0
+
+
 def main(argv):
+    if len(argv) > 1 and argv[1] == "--serve":
+        return serve(sys.stdin, sys.stdout)
     args = json.loads(argv[1]) if len(argv) > 1 else {}
     print(json.dumps(dispatch(args)))
     return 0

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.backends.base import MachineInfo
-from reconciler.backends.ssh import ARGV_LIMIT, SshTransport, agent_program
+from reconciler.backends.ssh import ARGV_LIMIT, SshTransport, agent_hash, agent_program
 from reconciler.errors import PermanentError, TemporaryError
 from reconciler.spec.models import Machine
 from tests.world import remote_root
@@ -226,3 +226,38 @@ def test_the_probe_is_staged_once_then_invoked_by_path(sshd, root):
         assert staged.is_file() and t.agent({"op": "probe", "names": []})["runs"] == {}
     finally:
         t.close()
+
+
+def test_a_kept_connection_probes_through_a_resident_helper(sshd, root, bundle_dir):
+    """A long-lived reconciler's probes: the same report, no interpreter started per probe; a helper
+    that died is replaced; closing the connection ends it."""
+    from tests.repo_helpers import processes_with
+
+    kept, fresh = SshTransport(info(sshd, root)), SshTransport(info(sshd, root))
+    kept.keep_resident = True
+    marker = f"agent-{agent_hash()}.py\0--serve"  # its command line (arguments NUL-separated)
+    try:
+        kept.stage(bundle_dir, "r-g1-a1")
+        first = kept.agent({"op": "probe", "names": ["r"]})  # stages the probe; no helper yet
+        assert not processes_with(marker)
+        second = kept.agent({"op": "probe", "names": ["r"]})
+        [helper] = processes_with(marker)
+        third = kept.agent({"op": "probe", "names": ["r"]})
+        assert processes_with(marker) == [helper]  # the same helper answered again
+        expected = fresh.agent({"op": "probe", "names": ["r"]})
+        for report in (first, second, third):
+            assert {k: v for k, v in report.items() if k != "now"} == {k: v for k, v in expected.items() if k != "now"}
+        assert expected["runs"]["r-g1-a1"]["state"] == "staged"
+        os.kill(helper, 9)  # a helper that died: that probe still answers, and a new helper follows
+        assert kept.agent({"op": "probe", "names": ["r"]})["runs"].keys() == {"r-g1-a1"}
+        kept.agent({"op": "probe", "names": ["r"]})
+        [again] = processes_with(marker)
+        assert again != helper
+        kept.close()
+        deadline = time.monotonic() + 10
+        while processes_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not processes_with(marker)
+    finally:
+        kept.close()
+        fresh.close()
