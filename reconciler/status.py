@@ -19,9 +19,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from ruamel.yaml import YAML
 
-from . import yamlemit
 from .spec.models import DNS_LABEL, DNS_LABEL_MAX
-from .yamlemit import Flow
+from .yamlemit import Flow, pyyaml_dump
+from .yamlemit import dump as emit_yaml
 
 HISTORY_LIMIT = 20
 PHASES = ("Pending", "Provisioning", "Starting", "Running", "Succeeded", "Failed", "Terminated", "Invalid", "Unknown")
@@ -168,9 +168,9 @@ def dump(status: RunStatus) -> str:
     """The file text. Written by ``yamlemit`` (PyYAML's text, without PyYAML's cost per node, which
     matters when a first pass writes thousands of files), or by PyYAML for what that leaves to it."""
     data = ordered(status)
-    text = yamlemit.dump(data)
+    text = emit_yaml(data)
     return ("# Written by the reconciler. Do not edit: it is rewritten on every change.\n"
-            + (text if text is not None else yamlemit.pyyaml_dump(data)))
+            + (text if text is not None else pyyaml_dump(data)))
 
 
 class StatusCache:

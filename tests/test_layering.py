@@ -20,6 +20,8 @@ FORBIDDEN = {"fabric", "paramiko", "git", "subprocess", "socket", "http", "urlli
 
 def _module_file(mod: str) -> Path:
     rel = Path(*mod.split(".")[1:])
+    if not rel.parts:  # the package itself ("from . import x" at its top)
+        return PKG / "__init__.py"
     f = PKG / rel.with_suffix(".py")
     return f if f.exists() else PKG / rel / "__init__.py"
 
