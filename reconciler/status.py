@@ -323,13 +323,21 @@ def write_if_changed(status_dir: Path, status: RunStatus) -> bool:
 def replace_if_changed(path: Path, text: str) -> bool:
     """Write ``text`` to ``path`` unless it already holds exactly that; atomic (a temporary file
     renamed into place), so a reader never sees half a file. Returns whether it wrote."""
+    data = text.encode("utf-8")
     try:
-        if path.read_text(encoding="utf-8") == text:
-            return False
+        with open(path, "rb") as fh:
+            if fh.read() == data:
+                return False
     except OSError:
         pass
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
     return True
 

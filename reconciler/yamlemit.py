@@ -132,11 +132,18 @@ def _value(v, indent: int, out: list[str], head: str) -> None:
 
 def _mapping(d: dict, indent: int, out: list[str], first: str | None = None) -> None:
     pad = " " * indent
-    for i, (k, v) in enumerate(d.items()):
-        lead = first if (i == 0 and first is not None) else pad
-        if not isinstance(k, str):
+    lead = first if first is not None else pad
+    for k, v in d.items():
+        if type(k) is not str:
             raise Unusual(k)
-        _value(v, indent, out, f"{lead}{_key(k)}:")
+        t = type(v)
+        if t is str:  # the common cases first, without a call per value
+            out.append(f"{lead}{_key(k)}: {_style(v)}\n")
+        elif t is int:
+            out.append(f"{lead}{_key(k)}: {v}\n")
+        else:
+            _value(v, indent, out, f"{lead}{_key(k)}:")
+        lead = pad
 
 
 def _sequence(items: list, indent: int, out: list[str]) -> None:
