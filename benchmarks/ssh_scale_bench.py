@@ -35,6 +35,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--machines", type=int, default=100)
     ap.add_argument("--passes", type=int, default=5)
+    ap.add_argument("--idle", type=float, default=5.0, help="seconds to measure the kept connections' idle cost")
     ap.add_argument("--profile", action="store_true", help="print a profile of one kept-connection pass")
     args = ap.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="rc-sshscale-"))
@@ -65,6 +66,12 @@ def main() -> None:
                 walls.append(time.perf_counter() - t0)
                 cpus.append(time.process_time() - c0)
                 assert all(m.reachable for m in result.world.machines.values()), "a machine did not answer"
+            idle = ""
+            if keep:  # what the open connections (and their helpers) cost while nothing happens
+                c0 = time.process_time()
+                time.sleep(args.idle)
+                idle = (f"; idle between passes: {(time.process_time() - c0) / args.idle / args.machines * 1e6:.1f} µs "
+                        f"CPU per connection per second")
             if keep and "--profile" in sys.argv:
                 import cProfile
                 import pstats
@@ -74,7 +81,7 @@ def main() -> None:
             rec.close()
             print(f"{args.machines} machines over SSH, connections {'kept' if keep else 'new each pass'}: "
                   f"{statistics.median(walls):.2f}s wall per pass, "
-                  f"{statistics.median(cpus) / args.machines * 1000:.2f} ms CPU per machine per pass")
+                  f"{statistics.median(cpus) / args.machines * 1000:.2f} ms CPU per machine per pass{idle}")
     finally:
         for s in servers:
             s.close()

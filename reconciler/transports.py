@@ -212,7 +212,7 @@ class TransportPool:
                         t = SshTransport(info, connect_timeout=self.cfg.ssh_connect_timeout,
                                          command_timeout=self.cfg.ssh_command_timeout)
                         if self.kept is not None:
-                            t.keep_resident = True  # kept: its probes go to a helper kept running there
+                            t.kept = True  # its probes go to a helper kept running there; reconnects back off
                             self.kept[name] = (key, t)
                 self._open[name] = t
             return t

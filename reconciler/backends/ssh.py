@@ -59,6 +59,8 @@ def agent_source() -> str:
 
 
 _AGENT_HASH: str | None = None
+IDLE_WAKE = 1.0  # seconds between an idle connection's reader thread's checks
+RECONNECT_MAX = 30.0  # seconds, at most, between a kept connection's attempts to reconnect
 STAGED_MISSING = 121  # the staged probe's exit code when the file for this version is not there
 
 
@@ -81,6 +83,28 @@ def agent_program(args: dict) -> tuple[str, list[str]]:
     if not sep:
         raise RuntimeError("runtime/probe.py lost its main guard")
     return head + f"\nsys.exit(main(['-', {text!r}]))\n", []
+
+
+_PRIVATE_KEYS: dict[tuple[str, float, int], paramiko.PKey | None] = {}
+_PRIVATE_KEYS_LOCK = threading.Lock()
+
+
+def private_key(path: str) -> paramiko.PKey | None:
+    """The private key at ``path``, parsed once per file version (by mtime and size) and shared by
+    every connection that uses it. None when paramiko cannot read it without help (a passphrase):
+    the connection then names the file and paramiko reports what is wrong."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (path, st.st_mtime, st.st_size)
+    with _PRIVATE_KEYS_LOCK:
+        if key not in _PRIVATE_KEYS:
+            try:
+                _PRIVATE_KEYS[key] = paramiko.PKey.from_path(path)
+            except Exception:  # noqa: BLE001 - left to paramiko's own connect, which explains it
+                _PRIVATE_KEYS[key] = None
+        return _PRIVATE_KEYS[key]
 
 
 class UnknownHostKey(paramiko.SSHException):
@@ -115,9 +139,10 @@ class SshTransport:
         # then invoked by path: no 16 KB of source per call. None: not known yet; False: the
         # machine cannot keep it (the source is sent every time, as before).
         self._staged: bool | None = None
-        # A long-lived reconciler's probes go to a resident helper on the machine (keep_resident:
+        # A long-lived reconciler's probes go to a resident helper on the machine (kept:
         # set for kept connections only; a one-shot command would leave nothing to reuse).
-        self.keep_resident = False
+        self.kept = False
+        self._failures, self._retry_at, self._last_error = 0, 0.0, ""  # reconnection backoff (kept connections)
         self._resident = None
         self._resident_buf = bytearray()
         self._resident_lock = threading.Lock()
@@ -184,46 +209,66 @@ class SshTransport:
                                          f"({e.strerror}): refusing to connect to {self.where}") from None
             client.set_missing_host_key_policy(_RejectUnknown())
             ident = os.path.expanduser(ep.identity_file) if ep.identity_file else None
+            if self._retry_at and time.monotonic() < self._retry_at:
+                raise TemporaryError(f"{self.where}: not reconnecting for {self._retry_at - time.monotonic():.0f}s "
+                                     f"more ({self._failures} failed attempt(s) in a row; last: {self._last_error})")
+            pkey = private_key(ident) if ident else None
             try:
-                client.connect(
-                    self.host, port=self.port, username=ep.user, key_filename=ident,
-                    look_for_keys=ident is None, allow_agent=ident is None,
-                    timeout=self.connect_timeout, banner_timeout=self.connect_timeout,
-                    auth_timeout=self.connect_timeout, channel_timeout=self.connect_timeout,
-                )
-            except paramiko.BadHostKeyException as e:
-                client.close()
-                how = "the pinned key" if pinned else f"the key in {self.machine.known_hosts}"
-                raise PermanentError(
-                    f"host key for {self.where} does not match {how} in {self._host_keys_note()}: "
-                    f"refusing to connect (it offered {e.key.get_name()} "
-                    f"{e.key.get_fingerprint().hex()[:16]}…)") from None
-            except UnknownHostKey:
-                client.close()
-                if self.machine.known_hosts:
-                    why = f"it is not in {self.machine.known_hosts}"
-                else:
-                    why = "neither ssh.host_key nor the fleet's known_hosts is set"
-                raise PermanentError(f"host key for {self.where} is unknown ({why}; see {self._host_keys_note()}): "
-                                     "refusing to connect") from None
-            except paramiko.AuthenticationException as e:
-                client.close()
-                raise TemporaryError(f"{self.where}: authentication as {ep.user} failed: {e}") from None
-            except socket.gaierror as e:
-                client.close()
-                raise TemporaryError(f"{self.where}: cannot resolve {self.host}: {e.strerror or e}") from None
-            except (socket.timeout, TimeoutError):
-                client.close()
-                raise TemporaryError(f"{self.where}: connection timed out after {self.connect_timeout:g}s") from None
-            except paramiko.ssh_exception.NoValidConnectionsError:
-                client.close()
-                if self.tunnel:  # nothing listens: the agent is down, or cannot reach this host
-                    raise TemporaryError(f"{self.where}: tunnel not up (is `reconcile agent` running on "
-                                         "the machine?)") from None
-                raise TemporaryError(f"{self.where}: connection refused") from None
-            except (OSError, paramiko.SSHException, EOFError) as e:
-                client.close()
-                raise TemporaryError(f"{self.where}: cannot connect: {type(e).__name__}: {e}") from None
+                try:
+                    client.connect(
+                        self.host, port=self.port, username=ep.user, pkey=pkey,
+                        key_filename=ident if pkey is None else None,
+                        look_for_keys=ident is None, allow_agent=ident is None,
+                        timeout=self.connect_timeout, banner_timeout=self.connect_timeout,
+                        auth_timeout=self.connect_timeout, channel_timeout=self.connect_timeout,
+                    )
+                except paramiko.BadHostKeyException as e:
+                    client.close()
+                    how = "the pinned key" if pinned else f"the key in {self.machine.known_hosts}"
+                    raise PermanentError(
+                        f"host key for {self.where} does not match {how} in {self._host_keys_note()}: "
+                        f"refusing to connect (it offered {e.key.get_name()} "
+                        f"{e.key.get_fingerprint().hex()[:16]}…)") from None
+                except UnknownHostKey:
+                    client.close()
+                    if self.machine.known_hosts:
+                        why = f"it is not in {self.machine.known_hosts}"
+                    else:
+                        why = "neither ssh.host_key nor the fleet's known_hosts is set"
+                    raise PermanentError(f"host key for {self.where} is unknown ({why}; see {self._host_keys_note()}): "
+                                         "refusing to connect") from None
+                except paramiko.AuthenticationException as e:
+                    client.close()
+                    raise TemporaryError(f"{self.where}: authentication as {ep.user} failed: {e}") from None
+                except socket.gaierror as e:
+                    client.close()
+                    raise TemporaryError(f"{self.where}: cannot resolve {self.host}: {e.strerror or e}") from None
+                except (socket.timeout, TimeoutError):
+                    client.close()
+                    raise TemporaryError(f"{self.where}: connection timed out after {self.connect_timeout:g}s") from None
+                except paramiko.ssh_exception.NoValidConnectionsError:
+                    client.close()
+                    if self.tunnel:  # nothing listens: the agent is down, or cannot reach this host
+                        raise TemporaryError(f"{self.where}: tunnel not up (is `reconcile agent` running on "
+                                             "the machine?)") from None
+                    raise TemporaryError(f"{self.where}: connection refused") from None
+                except (OSError, paramiko.SSHException, EOFError) as e:
+                    client.close()
+                    raise TemporaryError(f"{self.where}: cannot connect: {type(e).__name__}: {e}") from None
+            except TemporaryError as e:
+                if self.kept:  # a kept connection backs off: 1, 2, 4 ... 30 s between attempts
+                    self._failures += 1
+                    self._last_error = str(e).removeprefix(f"{self.where}: ")
+                    self._retry_at = time.monotonic() + min(RECONNECT_MAX, 2.0 ** (self._failures - 1))
+                raise
+            self._failures, self._retry_at = 0, 0.0
+            # paramiko's reader thread wakes every 0.1 s on an idle connection to check whether it
+            # should stop: ten wake-ups a second for each of a daemon's kept connections (about
+            # 180 µs of CPU a second each). Once a second does the same job (closing the socket
+            # still ends the thread at once).
+            sock = getattr(client.get_transport(), "sock", None)
+            if sock is not None and hasattr(sock, "settimeout"):
+                sock.settimeout(IDLE_WAKE)
             self._client = client
             return client
 
@@ -250,7 +295,7 @@ class SshTransport:
         probe is staged; None whenever it cannot answer (not started, gone, timed out), and the
         caller runs the probe the usual way (a helper that misbehaves is dropped, and started
         again on a later pass)."""
-        if not self._staged or not self.keep_resident:
+        if not self._staged or not self.kept:
             return None
         deadline = time.monotonic() + self.command_timeout
         try:

@@ -234,7 +234,7 @@ def test_a_kept_connection_probes_through_a_resident_helper(sshd, root, bundle_d
     from tests.repo_helpers import processes_with
 
     kept, fresh = SshTransport(info(sshd, root)), SshTransport(info(sshd, root))
-    kept.keep_resident = True
+    kept.kept = True
     marker = f"agent-{agent_hash()}.py\0--serve"  # its command line (arguments NUL-separated)
     try:
         kept.stage(bundle_dir, "r-g1-a1")
@@ -261,3 +261,39 @@ def test_a_kept_connection_probes_through_a_resident_helper(sshd, root, bundle_d
     finally:
         kept.close()
         fresh.close()
+
+
+def test_private_keys_are_parsed_once_per_file_version(sshd, tmp_path):
+    from reconciler.backends.ssh import private_key
+
+    path = str(tmp_path / "id")
+    shutil.copy(sshd.identity_file, path)
+    first = private_key(path)
+    assert first is not None and private_key(path) is first  # shared by every connection
+    os.utime(path, (time.time() + 5, time.time() + 5))  # a new version of the file: read again
+    assert private_key(path) is not first and private_key(path).get_base64() == first.get_base64()
+    (tmp_path / "bad").write_text("not a key")
+    assert private_key(str(tmp_path / "bad")) is None  # left to paramiko, which says what is wrong
+
+
+def test_a_kept_connection_backs_off_between_reconnection_attempts(sshd_factory, root):
+    server = sshd_factory(host="127.0.0.9", start=False)
+    t = SshTransport(info(server, root))
+    t.kept = True
+    try:
+        with pytest.raises(TemporaryError, match="connection refused"):
+            t.agent({"op": "probe", "names": []})
+        with pytest.raises(TemporaryError, match=r"not reconnecting for \d+s more \(1 failed attempt"):
+            t.agent({"op": "probe", "names": []})  # within the backoff: no attempt at all
+        server.start()
+        deadline = time.monotonic() + 5  # the first backoff is 1 s
+        while True:
+            try:
+                assert t.agent({"op": "probe", "names": []})["runs"] == {}
+                break
+            except TemporaryError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        assert t._failures == 0  # a success resets the backoff
+    finally:
+        t.close()
