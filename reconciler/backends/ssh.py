@@ -210,8 +210,9 @@ class SshTransport:
             client.set_missing_host_key_policy(_RejectUnknown())
             ident = os.path.expanduser(ep.identity_file) if ep.identity_file else None
             if self._retry_at and time.monotonic() < self._retry_at:
-                raise TemporaryError(f"{self.where}: not reconnecting for {self._retry_at - time.monotonic():.0f}s "
-                                     f"more ({self._failures} failed attempt(s) in a row; last: {self._last_error})")
+                # Within the backoff: the last attempt's error, word for word (a status that
+                # quotes it must not change from pass to pass while nothing does).
+                raise TemporaryError(f"{self.where}: {self._last_error}")
             pkey = private_key(ident) if ident else None
             try:
                 try:
