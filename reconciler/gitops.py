@@ -148,12 +148,7 @@ def _stage(repo: git.Repo, paths: list[str], env: dict[str, str]) -> None:
                 shas[present[int(mark[1:]) - 1]] = sha
         finally:
             os.unlink(marks)
-    lines = "".join(f"100644 {shas[path]}\t{path}\0" if path in shas else f"0 {'0' * 40}\t{path}\0"
-                    for path in paths)
-    p = subprocess.run(["git", "-C", str(root), "update-index", "-z", "--index-info"], input=lines,
-                       capture_output=True, text=True, timeout=120, env={**git_env(), **env})
-    if p.returncode != 0:
-        raise GitError(f"git update-index failed: {p.stderr.strip()[:500]}")
+    _index_info(root, [(f"100644 {shas[path]}" if path in shas else None, path) for path in paths], env)
 
 
 def _index_to(repo: git.Repo, commit: str, paths: list[str]) -> None:
@@ -167,16 +162,15 @@ def _index_to(repo: git.Repo, commit: str, paths: list[str]) -> None:
         meta, _, path = item.partition("\t")
         if path:
             entries[path] = meta
-    lines = []
-    for path in paths:
-        meta = entries.get(path)
-        if meta is None:  # deleted by the commit: out of the index too
-            lines.append(f"0 {'0' * 40}\t{path}\0")
-        else:
-            mode, _, sha = meta.split(" ")
-            lines.append(f"{mode} {sha}\t{path}\0")
-    p = subprocess.run(["git", "-C", str(root), "update-index", "-z", "--index-info"], input="".join(lines),
-                       capture_output=True, text=True, timeout=120, env=git_env())
+    # "<mode> <type> <sha>" from ls-tree; a path missing from it was deleted by the commit
+    _index_info(root, [(" ".join(entries[p].split(" ")[::2]) if p in entries else None, p) for p in paths], {})
+
+
+def _index_info(root: Path, entries: list[tuple[str | None, str]], env: dict[str, str]) -> None:
+    """``git update-index --index-info``: each path set to "<mode> <sha>", or out of the index (None)."""
+    lines = "".join(f"{meta}\t{path}\0" if meta else f"0 {'0' * 40}\t{path}\0" for meta, path in entries)
+    p = subprocess.run(["git", "-C", str(root), "update-index", "-z", "--index-info"], input=lines,
+                       capture_output=True, text=True, timeout=120, env={**git_env(), **env})
     if p.returncode != 0:
         raise GitError(f"git update-index failed: {p.stderr.strip()[:500]}")
 
