@@ -144,7 +144,7 @@ class Plan:
         for c in shown:
             where = c.identity or ""
             if c.machine and c.action in ("launch", "relaunch", "adopt", "collect", "save"):
-                where += f" on {c.machine}"
+                where += f" on {', '.join(n.machine for n in c.nodes) if c.nodes else c.machine}"
             notes = [where] if where else []
             if c.kill:
                 notes.append("(stop " + ", ".join(k.identity for k in c.kill) + ")")
@@ -858,6 +858,9 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
 
     stall = prev.condition("Stalled") if prev is not None else None
     stopped_for_stall = stall is not None and stall.status == "True"
+    if obs.nodes:  # which node ended the attempt, and how
+        return _after_failure(name, entry, prev, ident, obs, f"{ident} ended: {obs.message}", now, launch, base,
+                              policy)
     why = {"failed": f"{ident} failed (exit {obs.exit_code})" + (f": {obs.message}" if obs.message else ""),
            "terminated": (f"{ident} was stopped after stalling ({stall.message})" if stopped_for_stall
                           else f"{ident} was terminated from outside (exit {obs.exit_code})"),
