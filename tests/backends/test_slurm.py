@@ -145,3 +145,29 @@ def test_a_request_the_cluster_can_never_hold_fails_with_slurms_reason(slurm_wor
     st = w.until("huge", lambda s: s.phase == "Failed", timeout=20)
     assert "Slurm refused" in st.message and "not available" in st.message
 
+
+
+def test_a_login_host_reached_over_ssh_submits_as_its_user(slurm, sshd, tmp_path) -> None:
+    """The cluster's login node is a Fleet machine: staging, sbatch, squeue and collection go over
+    SSH, and the job runs as the login's user."""
+    from tests.world import fleet, machine
+
+    login = machine(sshd, "login", max_tasks=0)
+    settings = {"login": "login", "workspace_root": str(slurm.shared / "over-ssh"), "partition": "debug",
+                "env": dict(slurm.env)}
+    TEMPLATES["slurm-ssh"] = {"placement": {"kind": "slurm", "slurm": settings}, "launch_mode": {"kind": "host_process"},
+                              "allow_overrides": ["resources"]}
+    try:
+        w = World(tmp_path / "w", [fleet([login])])
+    finally:
+        del TEMPLATES["slurm-ssh"]
+    try:
+        w.add_run(run_spec("far", "slurm-ssh", ["sh", "-c", "echo user=$(id -un) job=$SLURM_JOB_ID"]))
+        assert w.run_pass().plan.for_run("far").machine == "slurm:login"
+        st = w.until("far", lambda s: s.phase == "Succeeded", timeout=30)
+        out = (w.bundle("far-g1-a1") / "artifacts" / "stdout.log").read_text()
+        assert f"user={sshd.user} job={st.handle.job}" in out
+        [job] = slurm.jobs(name="far-g1-a1")
+        assert job["state"] == "COMPLETED"
+    finally:
+        w.cleanup()

@@ -98,9 +98,17 @@ def slurm(tmp_path_factory: pytest.TempPathFactory):
     why = available()
     if why:
         _unavailable(why)
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    import shutil
+    import tempfile
+
+    # Not under pytest's folders (only root may enter them): the test user submits jobs too, and
+    # reads slurm.conf and the shared folder.
+    base = tempfile.mkdtemp(prefix="rc-slurm-", dir="/tmp")
+    os.chmod(base, 0o755)
+    cluster = SlurmCluster(base)
     try:
         cluster.start()
         yield cluster
     finally:
         cluster.close()
+        shutil.rmtree(base, ignore_errors=True)

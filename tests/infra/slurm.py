@@ -131,6 +131,8 @@ class SlurmCluster:
         lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
         self.conf.write_text("\n".join(lines) + "\n")
         (b / "gres.conf").write_text("\n".join(gres) + "\n")
+        for f in (self.conf, b / "gres.conf"):
+            os.chmod(f, 0o644)  # every submitting user's commands read them
 
     def start(self) -> "SlurmCluster":
         self._write_config()
