@@ -45,7 +45,7 @@ class BundleRequest:
     python: str | None = None
     resume_from: str | None = None
     spec_commit: str | None = None  # the last commit that changed the spec file, as of the launch
-    gang: dict | None = None  # {rank, of}: this bundle is one node of a run on several machines
+    gang: dict | None = None  # {rank, of, machines}: this bundle is one node of a run on several machines
 
 
 @dataclass
@@ -71,10 +71,10 @@ def data_parallel_env(gpus: int, nodes: int = 1) -> dict[str, str]:
     when NPROC_PER_NODE is set: without it, a 4-GPU run trains on one GPU) and a ``command`` task
     may pass on. On one machine MASTER_PORT is chosen free at launch (launch.sh), so two runs on
     one machine never share a rendezvous port. Across ``nodes`` machines NODE_RANK, MASTER_ADDR and
-    MASTER_PORT are set per node when the nodes are known (launch.sh, from Slurm's allocation);
-    RECONCILER_NODES tells the wrapper to start one copy per node. A run's own runtime_env wins."""
+    MASTER_PORT are set per node when the nodes are known (at launch: runtime/launch.env, or
+    launch.sh from Slurm's allocation). A run's own runtime_env wins."""
     if nodes > 1:
-        return {"NPROC_PER_NODE": str(max(gpus, 1)), "NNODES": str(nodes), "RECONCILER_NODES": str(nodes)}
+        return {"NPROC_PER_NODE": str(max(gpus, 1)), "NNODES": str(nodes)}
     if gpus <= 1:
         return {}
     return {"NPROC_PER_NODE": str(gpus), "NNODES": "1", "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
@@ -115,11 +115,11 @@ def build(req: BundleRequest, dest: Path) -> Bundle:
     for rel, content in sorted(rendered.files.items()):
         _write(tmp / rel, content, 0o644)
     res = req.effective.resources
-    # Nodes under Slurm are started by srun from one bundle (RECONCILER_NODES); nodes of a gang on
-    # fleet machines each have a bundle and get their rank and rendezvous at launch (runtime/launch.env).
     env = data_parallel_env(len(req.gpus) or res.gpu_count, res.nodes)
-    if req.gang:
-        env.pop("RECONCILER_NODES", None)
+    if res.nodes > 1 and req.effective.placement == "slurm":
+        # One bundle for every node: the wrapper on the first node starts a copy per node (srun).
+        # (Nodes on fleet machines have a bundle each and learn their rank at launch.)
+        env["RECONCILER_NODES"] = str(res.nodes)
     env.update(req.effective.runtime_env)
     env.update(rendered.env)
     # Under Slurm the job's GPUs are the scheduler's to choose: it sets CUDA_VISIBLE_DEVICES itself.

@@ -168,8 +168,8 @@ def _print_table(rows: list[tuple[str, ...]]) -> None:
     """Columns padded to their widest cell; the last one, free text, is not padded."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] if r[-1] else
-              "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        line = "  ".join(c.ljust(w) for c, w in zip(r, widths))
+        print(f"{line}  {r[-1]}" if r[-1] else line.rstrip())
 
 
 def machine_states(cfg: configs.Config) -> list[dict]:

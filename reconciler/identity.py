@@ -27,16 +27,21 @@ class Identity(NamedTuple):
 
 def parse(text: str) -> Identity | None:
     """The attempt an identity names; a node's identity names its run's attempt (see ``node_of``)."""
+    return split(text)[0]
+
+
+def split(text: str) -> tuple[Identity | None, int | None]:
+    """The attempt an identity names and, for a node of a run on several machines, its rank."""
     m = IDENTITY.match(text)
     if not m:
-        return None
-    return Identity(m.group("name"), int(m.group("gen")), int(m.group("attempt")))
+        return None, None
+    node = m.group("node")
+    return Identity(m.group("name"), int(m.group("gen")), int(m.group("attempt"))), int(node) if node else None
 
 
 def node_of(text: str) -> int | None:
     """The rank of a node's identity (``...-n<rank>``); None for a one-machine attempt."""
-    m = IDENTITY.match(text)
-    return int(m.group("node")) if m and m.group("node") is not None else None
+    return split(text)[1]
 
 
 def node_identity(identity: str, rank: int) -> str:

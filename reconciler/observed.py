@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .identity import node_of, parse
+from .identity import node_of, parse, split
 
 # running: the process (or container) lives. succeeded/failed: result.json says so.
 # terminated: the wrapper recorded a SIGTERM. lost: no result and nothing alive.
@@ -40,7 +40,7 @@ class ObservedRun:
     queued: str | None = None  # a cluster's scheduler holds it, not started yet: why (Slurm's reason)
     job: str | None = None  # the cluster's job id (slurm placement)
     heartbeat_age: float | None = None  # seconds since the launch wrapper last beat
-    # One node of a run on several machines: its rank, how many there are, and the machine of each.
+    # One node of a run on several machines (its job.json): {rank, of, machines}, the machine of each rank.
     gang: dict[str, Any] | None = None
     # A run on several machines, as one instance (ObservedWorld folds its nodes): the nodes seen,
     # and the machines of the nodes not seen because their machine does not answer.
@@ -110,10 +110,10 @@ class ObservedWorld:
         for m in self.machines.values():
             for ident, r in m.runs.items():
                 by_identity.setdefault(ident, r)
-                p = parse(ident)
+                p, node = split(ident)
                 if p is None:
                     continue
-                if node_of(ident) is not None:
+                if node is not None:
                     gangs.setdefault(str(p), []).append(r)
                 else:
                     by_name.setdefault(p.name, []).append(r)
@@ -171,11 +171,13 @@ def fold_gang(identity: str, parts: list[ObservedRun], machines: dict[str, Obser
         r = failed[0]
         gang.state, gang.exit_code, gang.permanent = "failed", r.exit_code, r.permanent
         gang.message = f"{where(r)} failed (exit {r.exit_code})" + (f": {r.message}" if r.message else "")
-    elif lost or gone:
+    elif lost:
         gang.state = "lost"
-        gang.message = (f"{where(lost[0])} is lost" + (f" ({lost[0].message})" if lost[0].message else "")
-                        if lost else f"the workspace of node n{gone[0]} is gone"
-                        + (f" from {layout[gone[0]]}" if gone[0] < len(layout) else ""))
+        gang.message = f"{where(lost[0])} is lost" + (f" ({lost[0].message})" if lost[0].message else "")
+    elif gone:
+        k = gone[0]
+        gang.state = "lost"
+        gang.message = f"the workspace of node n{k} is gone" + (f" from {layout[k]}" if k < len(layout) else "")
     elif stopped:
         gang.state, gang.exit_code = "terminated", stopped[0].exit_code
         gang.message = f"{where(stopped[0])} was stopped"

@@ -32,6 +32,7 @@ from __future__ import annotations
 import heapq
 import json
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 from .identity import make, node_identity, node_of, parse
 from .observed import ObservedRun, ObservedWorld
@@ -258,6 +259,23 @@ class Slot:
             return f"{len(free)} free{kind} GPU(s) of {gpu_count} wanted{others}"
         return None
 
+    def hold(self, res, gpu_type: str | None) -> list[int]:
+        """Take room for one instance of ``res`` (GPUs of ``gpu_type``, CPUs, memory); its GPUs."""
+        gpus = self.take(res.gpu_count, gpu_type)
+        self.cpu_used += res.cpu_count or 0
+        self.memory_used += res.memory_gb or 0.0
+        return gpus
+
+    def give_back(self, gpus: list[int], res) -> None:
+        """The room of a live instance (of ``res``, on ``gpus``) that this plan stops before it
+        places anything: what ``hold`` took, and what ``_slots`` counted for a live run."""
+        self.used_gpus.difference_update(gpus)
+        self.tasks = max(0, self.tasks - 1)
+        if self.cpu_total is not None or self.memory_total is not None:
+            self.cpu_used = max(0.0, self.cpu_used - (res.cpu_count or 0))
+            self.memory_used = max(0.0, self.memory_used - (res.memory_gb or 0.0))
+        self._counts.clear()
+
     def take(self, gpu_count: int, gpu_type: str | None) -> list[int]:
         got = self._free(gpu_type)[:gpu_count]
         self.used_gpus.update(got)
@@ -305,6 +323,11 @@ def _slots(desired: DesiredState, world: ObservedWorld, settings: PlanSettings) 
 
 
 SHOWN = 8  # machines an explanation names one by one; the rest are counted
+
+
+def _shown(lines: list[str]) -> list[str]:
+    """The first SHOWN verdicts, and how many more there are."""
+    return lines[:SHOWN] + ([f"… and {len(lines) - SHOWN} more"] if len(lines) > SHOWN else [])
 
 
 class RoomIndex:
@@ -561,7 +584,7 @@ def _running(name: str, entry: RunEntry, prev: RunStatus | None, world: Observed
              slots: dict[str, Slot], settings: PlanSettings, now: float, missing: list[str], book) -> list[Change]:
     ended = [g for g in world.instances(name) if g.nodes and g.state != "running" and any(n.alive for n in g.nodes)]
     for g in ended:
-        _free_nodes(g, slots, book)  # stopped by this pass's change: their room is the relaunch's
+        _free_nodes(g, slots, book, _resources(entry, desired))  # stopped by this pass's change: their room is the relaunch's
     changes = _running_changes(name, entry, prev, world, desired, slots, settings, now, missing, book)
     for g in ended:
         # An attempt on several machines ends on every node at once: the nodes still running are
@@ -594,16 +617,12 @@ def _gang_changes(name, entry, prev, obs, world, desired, settings, now, launch,
         return None
     if obs.unreachable:
         where = obs.unreachable[0]
-        since = world.machines[where].unreachable_since or now
-        left = settings.unreachable_grace - (now - since)
-        if left > 0:
-            return [Change(name, "wait", "MachineUnreachable",
-                           f"{where} does not answer ({world.machines[where].error or 'no reply'}); {ident} is "
-                           f"declared lost at {iso(since + settings.unreachable_grace)} if it still does not answer",
-                           prev.phase if prev else "Unknown", retry_after=min(left, 60.0), identity=ident,
-                           machine=where, kill=stale, **base)]
+        since, wait = _unreachable_wait(name, where, ident, prev, world, settings, now, base)
+        if wait is not None:
+            wait.kill = stale
+            return [wait]
         why = f"lost: {where}, a node's machine, unreachable for {now - since:.0f}s"
-        _free_nodes(obs, slots, book)
+        _free_nodes(obs, slots, book, _resources(entry, desired))
         return _stop_nodes(_after_failure(name, entry, prev, ident, obs, why, now, launch, base, policy,
                                           lost_at=since + settings.unreachable_grace), obs)
     frozen = [r for r in obs.nodes if r.alive and r.heartbeat_age is not None
@@ -612,10 +631,26 @@ def _gang_changes(name, entry, prev, obs, world, desired, settings, now, launch,
         r = frozen[0]
         why = (f"node n{node_of(r.identity)} on {r.machine} has not beaten for {r.heartbeat_age:.0f}s "
                f"(frozen; gang_heartbeat_timeout {settings.gang_heartbeat_timeout:g}s): ending {ident} on every node")
-        _free_nodes(obs, slots, book)
+        _free_nodes(obs, slots, book, _resources(entry, desired))
         return _stop_nodes(_after_failure(name, entry, prev, ident, obs, why, now, launch, base, policy,
                                           lost_at=now - r.heartbeat_age + settings.gang_heartbeat_timeout), obs)
     return None
+
+
+def _unreachable_wait(name, where, ident, prev, world, settings, now, base) -> tuple[float, Change | None]:
+    """Since when ``where`` has not answered, and the wait for it while within the unreachable
+    grace (None once the grace is over: the instance there is lost)."""
+    since = world.machines[where].unreachable_since or now
+    left = settings.unreachable_grace - (now - since)
+    if left <= 0:
+        return since, None
+    # No countdown in the text: an unchanged wait must leave the status byte-identical.
+    return since, Change(name, "wait", "MachineUnreachable",
+                         f"{where} does not answer ({world.machines[where].error or 'no reply'}); "
+                         f"{ident} is declared lost at {iso(since + settings.unreachable_grace)} "
+                         "if it still does not answer",
+                         prev.phase if prev else "Unknown", retry_after=min(left, 60.0), identity=ident,
+                         machine=where, **base)
 
 
 def _stop_nodes(changes: list[Change], gang: ObservedRun) -> list[Change]:
@@ -626,16 +661,18 @@ def _stop_nodes(changes: list[Change], gang: ObservedRun) -> list[Change]:
     return changes
 
 
-def _free_nodes(gang: ObservedRun, slots: dict[str, Slot], book) -> None:
+def _resources(entry: RunEntry, desired: DesiredState):
+    return effective(entry.run, desired.templates[entry.run.spec.template]).resources
+
+
+def _free_nodes(gang: ObservedRun, slots: dict[str, Slot], book, res) -> None:
     """Give back, in this plan, the room of an ending attempt's live nodes (the change that ends
-    the attempt stops them before it launches anything)."""
+    the attempt stops them before it launches anything); ``res``: what each node holds."""
     for r in gang.nodes:
         slot = slots.get(r.machine)
         if not r.alive or slot is None:
             continue
-        slot.tasks = max(0, slot.tasks - 1)
-        slot.used_gpus.difference_update(r.gpus)
-        slot._counts.clear()
+        slot.give_back(r.gpus, res)
         if book is not None:
             for index in book.rooms.values():
                 if slot.name in index.by_name:
@@ -647,7 +684,7 @@ def expand_gangs(plan: Plan, world: ObservedWorld) -> None:
     each node: a stop or a clean-up on each node's machine, a collection of each node."""
     def nodes_of(ident: str | None) -> list[ObservedRun]:
         gang = world.find(ident) if ident else None
-        return gang.nodes if gang is not None and gang.nodes and node_of(ident or "") is None else []
+        return gang.nodes if gang is not None else []
 
     def flat(kills: list[Kill]) -> list[Kill]:
         out = []
@@ -738,7 +775,7 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
         if template.placement.slurm is not None:
             # The cluster's scheduler places it: the run is submitted, and waits in Slurm's queue
             # (with Slurm's reason in the status) rather than in this reconciler's.
-            action = "relaunch" if (stale or code in ("Relaunch", "SpecChanged", "GenerationTaken")) else "launch"
+            action = _launch_action(stale, code)
             s = template.placement.slurm
             where = slurm_machine(s)
             part = f"partition {s.partition}" if s.partition else "the default partition"
@@ -748,7 +785,7 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
         elif template.placement.kind == "rental" and book is not None:
             from .rental_plan import place_rental
 
-            action = "relaunch" if (stale or code in ("Relaunch", "SpecChanged", "GenerationTaken")) else "launch"
+            action = _launch_action(stale, code)
             out = place_rental(book, name, entry, eff, prev, make(name, gen, next_attempt),
                                action, code, why, stale, nbase, resume_from)
         else:
@@ -783,15 +820,9 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
     if obs is None:
         unknown = _on_unreachable(world, prev)
         if unknown and handle_ident == ident:
-            since = world.machines[unknown].unreachable_since or now
-            left = settings.unreachable_grace - (now - since)
-            if left > 0:
-                # No countdown in the text: an unchanged wait must leave the status byte-identical.
-                return [Change(name, "wait", "MachineUnreachable",
-                               f"{unknown} does not answer ({world.machines[unknown].error or 'no reply'}); "
-                               f"{ident} is declared lost at {iso(since + settings.unreachable_grace)} "
-                               "if it still does not answer",
-                               prev.phase, retry_after=min(left, 60.0), identity=ident, machine=unknown, **base)]
+            since, wait = _unreachable_wait(name, unknown, ident, prev, world, settings, now, base)
+            if wait is not None:
+                return [wait]
             return _after_failure(name, entry, prev, ident, None, f"lost: {unknown} unreachable for "
                                   f"{now - since:.0f}s", now, launch, base, policy, lost_at=since + settings.unreachable_grace)
         if same_spec and prev is not None and prev.phase in TERMINAL and prev.attempt == attempt:
@@ -939,6 +970,11 @@ def _after_failure(name, entry, prev, ident, obs, why, now, launch, base, policy
                    **base)]
 
 
+def _launch_action(stale: list, code: str) -> str:
+    """A launch that replaces something (stale instances, a failed attempt, another spec) is a relaunch."""
+    return "relaunch" if (stale or code in ("Relaunch", "SpecChanged", "GenerationTaken")) else "launch"
+
+
 def _backend(entry: RunEntry, desired: DesiredState) -> str | None:
     t = desired.templates.get(entry.run.spec.template)
     return t.backend_key if t else None
@@ -953,7 +989,7 @@ def _place(name, entry, desired, slots, ident, code, why, stale, base, resume_fr
     eff = effective(entry.run, template)
     res = eff.resources
     candidates = _candidates(slots, eff.placement, eff.target, book.candidates if book is not None else None)
-    action = "relaunch" if (stale or code in ("Relaunch", "SpecChanged", "GenerationTaken")) else "launch"
+    action = _launch_action(stale, code)
     fallback = template.placement.fallback == "rental" and book is not None
     if res.nodes > 1:
         return [_place_gang(name, eff, candidates, res, ident, action, code, why, stale, base, resume_from, book)]
@@ -1033,23 +1069,12 @@ def _place_gang(name, eff, candidates, res, ident, action, code, why, stale, bas
     fewest tasks, then by name; rank 0 (the rendezvous) is the first of them."""
     ranked, rejected = [], []
     for slot in candidates:
-        missing = [f"{k}={v}" for k, v in sorted(eff.selector.items()) if slot.labels.get(k) != v]
-        if missing:
-            rejected.append(f"{slot.name}: labels do not match the selector ({', '.join(missing)})")
-            continue
-        short = slot.host_room(res.cpu_count, res.memory_gb)
-        if short:
-            rejected.append(f"{slot.name}: {short}")
-            continue
-        types = slot.types_for(res.wanted_types(), res.gpu_memory_gb)
-        options = [(slot.free_count(t) - res.gpu_count if res.gpu_count else 0, slot.tasks, slot.name, i, t)
-                   for i, t in enumerate(types) if slot.fits(res.gpu_count, t)]
-        if not options:
-            rejected.append(f"{slot.name}: " + (slot.why_not(res.gpu_count, types[0]) if types else "no GPU of "
-                                                + "/".join(t or "any" for t in res.wanted_types())))
-            continue
-        ranked.append((min(options), slot))
-    shown = rejected[:SHOWN] + ([f"… and {len(rejected) - SHOWN} more"] if len(rejected) > SHOWN else [])
+        option, no = _judge(slot, res, res.wanted_types(), eff.selector)
+        if option is None:
+            rejected.append(no)
+        else:
+            ranked.append((option, slot))
+    shown = _shown(rejected)
     if len(ranked) < res.nodes:
         return Change(name, "wait", "NoCapacity", f"no capacity: {res.nodes} machines needed at once, "
                       f"{len(ranked)} have room" + ("; " + "; ".join(shown) if shown else ""), "Pending",
@@ -1057,9 +1082,7 @@ def _place_gang(name, eff, candidates, res, ident, action, code, why, stale, bas
     ranked.sort(key=lambda x: x[0])
     nodes = []
     for rank, ((_, _, _, _, t), slot) in enumerate(ranked[:res.nodes]):
-        gpus = slot.take(res.gpu_count, t)
-        slot.cpu_used += res.cpu_count or 0
-        slot.memory_used += res.memory_gb or 0.0
+        gpus = slot.hold(res, t)
         if book is not None:
             book.placed_on(slot.name, name)
             index = book.rooms.get(id(candidates))
@@ -1073,6 +1096,31 @@ def _place_gang(name, eff, candidates, res, ident, action, code, why, stale, bas
                   **base)
 
 
+def _judge(slot: Slot, res, wanted: list[str | None], selector: dict[str, str],
+           also: Callable[[Slot], str | None] | None = None) -> tuple[tuple | None, str | None]:
+    """Whether ``slot`` can hold one instance of the request now: its rank among the machines
+    that can (fewest matching GPUs left free, fewest tasks, name, the model preferred; the model
+    last), or the verdict why not. ``also``: a further reason to refuse, judged after the labels."""
+    missing = [f"{k}={v}" for k, v in sorted(selector.items()) if slot.labels.get(k) != v]
+    if missing:
+        return None, f"{slot.name}: labels do not match the selector ({', '.join(missing)})"
+    no = also(slot) if also is not None else None
+    if no:
+        return None, no
+    short = slot.host_room(res.cpu_count, res.memory_gb)
+    if short:
+        return None, f"{slot.name}: {short}"
+    types = slot.types_for(wanted, res.gpu_memory_gb)
+    if not types:
+        return None, (f"{slot.name}: no GPU of " + ("/".join(t or "any" for t in wanted))
+                      + (f" with {res.gpu_memory_gb:g} GB" if res.gpu_memory_gb else ""))
+    options = [(slot.free_count(t) - res.gpu_count if res.gpu_count else 0, slot.tasks, slot.name, i, t)
+               for i, t in enumerate(types) if slot.fits(res.gpu_count, t)]
+    if not options:
+        return None, f"{slot.name}: {slot.why_not(res.gpu_count, types[0])}"
+    return min(options), None
+
+
 def _labels(wanted: dict[str, str]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(wanted.items()))
 
@@ -1084,49 +1132,33 @@ def _place_constrained(name, eff, candidates, res, wanted, ident, action, code, 
     selector = eff.selector
     spec = entry.run.spec
     best, rejected, fitting = None, [], []
-    for slot in candidates:
-        missing = [f"{k}={v}" for k, v in sorted(selector.items()) if slot.labels.get(k) != v]
-        if missing:
-            rejected.append(f"{slot.name}: labels do not match the selector ({', '.join(missing)})")
-            continue
+    def affinity(slot: Slot) -> str | None:
         if spec.affinity and not book.runs_with(slot.name, spec.affinity, name):
-            rejected.append(f"{slot.name}: no live run with {_labels(spec.affinity)} (affinity)")
-            continue
+            return f"{slot.name}: no live run with {_labels(spec.affinity)} (affinity)"
         if spec.antiAffinity and book.runs_with(slot.name, spec.antiAffinity, name):
-            rejected.append(f"{slot.name}: runs {', '.join(book.runs_with(slot.name, spec.antiAffinity, name))} "
-                            f"with {_labels(spec.antiAffinity)} (anti-affinity)")
-            continue
-        short = slot.host_room(res.cpu_count, res.memory_gb)
-        if short:
-            rejected.append(f"{slot.name}: {short}")
-            continue
-        types = slot.types_for(wanted, res.gpu_memory_gb)
-        if not types:
-            rejected.append(f"{slot.name}: no GPU of " + ("/".join(t or "any" for t in wanted))
-                            + (f" with {res.gpu_memory_gb:g} GB" if res.gpu_memory_gb else ""))
-            continue
-        options = [(slot.free_count(t) - res.gpu_count if res.gpu_count else 0, slot.tasks, slot.name, i, t)
-                   for i, t in enumerate(types) if slot.fits(res.gpu_count, t)]
-        if not options:
-            rejected.append(f"{slot.name}: {slot.why_not(res.gpu_count, types[0])}")
+            return (f"{slot.name}: runs {', '.join(book.runs_with(slot.name, spec.antiAffinity, name))} "
+                    f"with {_labels(spec.antiAffinity)} (anti-affinity)")
+        return None
+
+    for slot in candidates:
+        option, no = _judge(slot, res, wanted, selector, affinity)
+        if option is None:
+            rejected.append(no)
             continue
         fitting.append(slot.name)
-        option = min(options)
         if best is None or option < best[0]:
             best = (option, slot)
     if best is not None:
         (left, _, _, _, t), slot = best
-        gpus = slot.take(res.gpu_count, t)
-        slot.cpu_used += res.cpu_count or 0
-        slot.memory_used += res.memory_gb or 0.0
+        gpus = slot.hold(res, t)
         book.placed_on(slot.name, name)
         model = f" {t}" if t else ""
         considered = [f"{slot.name}: chosen (owned" + (f"; {left}{model} GPU(s) left free)" if res.gpu_count else ")")]
         considered += [f"{n}: fits, ranked lower" for n in fitting if n != slot.name][:SHOWN]
-        considered += rejected[:SHOWN] + ([f"… and {len(rejected) - SHOWN} more"] if len(rejected) > SHOWN else [])
+        considered += _shown(rejected)
         return [Change(name, action, code, why, "Running", identity=ident, machine=slot.name, backend=eff.backend,
                        gpus=gpus, kill=stale, resume_from=resume_from, considered=considered, **base)]
-    shown = rejected[:SHOWN] + ([f"… and {len(rejected) - SHOWN} more"] if len(rejected) > SHOWN else [])
+    shown = _shown(rejected)
     if fallback:
         from .rental_plan import place_rental
 

@@ -11,6 +11,7 @@ the one it shows on first contact (recorded in ``first_keys``, then pinned in th
 
 from __future__ import annotations
 
+import os
 import threading
 
 from .backends.base import MachineInfo
@@ -47,10 +48,12 @@ class TransportPool:
             for m in fleet.spec.machines:
                 self._machines[m.name] = m
                 self._fleet_of[m.name] = fleet
-        # Slurm clusters, as the machine their login host is (slurm:<login>), with their shared root.
-        self._slurm = {slurm_machine(t.placement.slurm): t.placement.slurm
-                       for t in sorted(desired.templates.values(), key=lambda t: t.id, reverse=True)
-                       if t.placement.slurm is not None}
+        # Slurm clusters, as the machine their login host is (slurm:<login>), with their shared
+        # root (validation holds each login host to one root; the first template by id names it).
+        self._slurm = {}
+        for t in sorted(desired.templates.values(), key=lambda t: t.id):
+            if t.placement.slurm is not None:
+                self._slurm.setdefault(slurm_machine(t.placement.slurm), t.placement.slurm)
         self._open: dict[str, object] = {}
         self._lock = threading.Lock()
         self._rentals: dict = {}  # machine → ObservedRental (this repository's, from the inventories)
@@ -194,8 +197,8 @@ class TransportPool:
                 info = self.info(name)
                 if name == LOCAL:
                     t = LocalTransport(info)
-                elif info.fleet_machine is None:  # a Slurm cluster whose login host is this machine
-                    t = StagingLocalTransport(info)
+                elif name.startswith(SLURM_PREFIX) and info.fleet_machine is None:
+                    t = StagingLocalTransport(info)  # a Slurm cluster whose login host is this machine
                 elif self.factory is not None:
                     t = self.factory(info)
                 else:
@@ -240,8 +243,6 @@ class TransportPool:
 def recorded_pool(cfg: Config, desired: DesiredState, previous: dict[str, RunStatus]) -> TransportPool:
     """A pool for a one-off command: Fleet machines as declared, rentals at the endpoints their
     statuses recorded (no provider's API is called)."""
-    import os
-
     from .rentals import Providers
 
     providers = Providers(cfg.repo, cfg.state_dir, os.environ.get)

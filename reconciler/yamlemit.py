@@ -6,9 +6,9 @@ node objects per file. Status files only hold mappings, lists, strings, numbers 
 block style with the loss curve's points as flow lists; for those, the text is simple to write
 directly. What decides the text of a string (plain, 'single-quoted' or "double-quoted") is PyYAML's
 own analysis and resolver, asked once per distinct string and remembered, so the output cannot
-drift from what ``yaml.dump`` gives. Anything unusual (a string with a line break, non-ASCII
-text, a very long string, a type not listed above) makes ``dump`` return None, and the caller
-uses PyYAML. ``tests/test_yamlemit.py`` compares both on the statuses the tests produce and on
+drift from what ``yaml.dump`` gives. Anything unusual (a string with a line break or a control
+character, text beyond the basic plane, a very long string, a type not listed above) makes
+``dump`` return None, and the caller uses PyYAML. ``tests/test_yamlemit.py`` compares both on the statuses the tests produce and on
 strings chosen to hit every rule.
 """
 
@@ -25,8 +25,10 @@ from yaml.nodes import ScalarNode
 from yaml.resolver import Resolver
 
 STR_TAG = "tag:yaml.org,2002:str"
-# Printable ASCII, no line break, short enough that no writer would fold it.
-_SIMPLE = re.compile(r"^[\x20-\x7e]{0,1000}$")
+# Printable text (ASCII, and the printable Unicode of the basic plane: arrows and ellipses are
+# common in messages), no line break of any kind (NEL, the Unicode line and paragraph separators),
+# no byte order mark, short enough that no writer would fold it.
+_SIMPLE = re.compile("^[\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd]{0,1000}$")
 _resolver = Resolver()
 _emitter = Emitter(io.StringIO(), allow_unicode=True)
 

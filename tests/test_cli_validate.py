@@ -281,6 +281,8 @@ def test_slurm_templates_and_multi_node_runs_are_checked(tmp_path: Path) -> None
     write(tmp_path, "execution_templates/c2.yaml", SLURM_TEMPLATE.format(id="c2", root="/shared/b", mode="host_process"))
     write(tmp_path, "execution_templates/c3.yaml", SLURM_TEMPLATE.format(id="c3", root="/shared/a", mode="docker")
           .replace("allow_overrides", "defaults: {image: x}\nallow_overrides"))
+    write(tmp_path, "execution_templates/c4.yaml", SLURM_TEMPLATE.format(id="c4", root="/shared/c", mode="host_process")
+          .replace("  slurm:\n", "  slurm:\n    login: head\n"))
     write(tmp_path, "specs/runs/wide.yaml", run_text("wide", extra="  overrides:\n    resources: {nodes: 2}\n"))
     write(tmp_path, "specs/runs/ok.yaml", run_text("ok", template="c1", extra="  overrides:\n    resources: {nodes: 4}\n"))
     r = reconcile("validate", cwd=tmp_path)
@@ -291,3 +293,5 @@ def test_slurm_templates_and_multi_node_runs_are_checked(tmp_path: Path) -> None
     assert "execution_templates/c3.yaml" in out and "host_process" in out
     assert "specs/runs/wide.yaml:11:" in out and "needs ssh or slurm placement; template 'local-host' has local placement" in out
     assert "specs/runs/ok.yaml" not in out
+    assert ("execution_templates/c4.yaml:7:5: placement.slurm.login: login host 'head' is not a Fleet machine "
+            "(known: no Fleet declares any); use local for this machine") in out

@@ -3,12 +3,11 @@ strings chosen to hit each of PyYAML's rules (plain, single-quoted, left to PyYA
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+import yaml
 
 from reconciler import yamlemit
-from reconciler.status import RunStatus, dump, load_all, ordered
+from reconciler.status import RunStatus, dump, ordered
 from reconciler.yamlemit import Flow
 
 TRICKY = ["", " ", "a", "True", "true", "yes", "No", "on", "null", "~", "Null", "0", "012", "0x1F", "1e3", "1.5",
@@ -19,15 +18,18 @@ TRICKY = ["", " ", "a", "True", "true", "yes", "No", "on", "null", "~", "Null", 
           "node-1 does not answer (node-1 (127.0.0.5:42755): connection refused)", "x" * 1001,
           "line\nbreak", "café", "\x07bell", "/tmp/ws/test/a-g1-a1", "rc-ns--a-g1-a1-x1", "1_000", "0o17",
           "1,000", "+.5", "=x", "y", "n", "Y", "off", "OFF", "NO", "...", "...x", "---", "--x", "a...", ".x", "_x",
-          "x:y:", "x::y", "1:00", "60:00", "1.0e+3", "1e+3", "0.", "._", "1__0", "0b101", "x/y:z", "/:x"]
+          "x:y:", "x::y", "1:00", "60:00", "1.0e+3", "1e+3", "0.", "._", "1__0", "0b101", "x/y:z", "/:x",
+          "→", "a → b", "spec changed (0ld → 2eb6beef): generation 1 → 2", "… and 3 more", "…", "- …", "日本語",
+          "\xa0x", "x\xa0", "\xa0", "a: →", "→: a", "\u2028", "x\u2029y", "\x85", "\ufeffx", "😀", "ÿ", "\u00ad"]
 
 
 @pytest.mark.parametrize("s", TRICKY)
 def test_every_string_rule_gives_pyyaml_s_text(s: str) -> None:
     data = {"message": s, "list": [s, {"reason": s, "inner": {"why": s}}], "empty": [], "none": {}}
     fast = yamlemit.dump(data)
-    if fast is None:  # left to PyYAML: a line break, non-ASCII text, a long string
-        assert "\n" in s or not s.isascii() or len(s) > 1000 or not s.isprintable()
+    if fast is None:  # left to PyYAML: a line break, a control character, a long string, beyond the basic plane
+        assert "\n" in s or len(s) > 1000 or not s.isprintable() or any(ord(c) > 0xFFFF or c in "\x85\u2028\u2029\ufeff"
+                                                                        for c in s)
     else:
         assert fast == yamlemit.pyyaml_dump(data)
 
@@ -45,16 +47,23 @@ def test_a_list_in_a_list_and_odd_keys_are_left_to_pyyaml() -> None:
     assert yamlemit.dump({"a": Flow(["x"])}) is None
 
 
-def test_status_files_written_by_the_tests_read_back_the_same(tmp_path: Path) -> None:
-    """Every status file lying in a fixture repository of this checkout (examples and test data)
-    dumps to the same text both ways."""
-    roots = [Path(__file__).resolve().parent / "data", Path(__file__).resolve().parents[1] / "examples"]
+def test_the_statuses_of_every_plan_case_are_written_as_pyyaml_writes_them() -> None:
+    """The statuses the planner's table of cases leads to (every action, code, condition and
+    history line it produces), and one with every optional part, dump the same both ways."""
+    from reconciler.plan import make_plan
+    from reconciler.status import summarize
+    from tests.test_plan import CASES, build
+
     seen = 0
-    for root in roots:
-        for d in {p.parent for p in root.rglob("status/*.yaml")}:
-            for st in load_all(d).values():
-                seen += _same(st)
-    st = RunStatus.model_validate({
+    for case_file in CASES:
+        desired, world, previous, now, settings = build(yaml.safe_load(case_file.read_text()))
+        for c in make_plan(desired, world, previous, now, settings).changes:
+            if c.phase is None:
+                continue
+            obs = world.find(c.identity) if c.identity else None
+            seen += _same(summarize(previous.get(c.name), c, None, obs, now, None))
+    assert seen >= len(CASES)
+    seen += _same(RunStatus.model_validate({
         "name": "r", "phase": "Running", "generation": 1, "attempt": 2, "message": "a: b",
         "handle": {"machine": "m1", "identity": "r-g1-a2", "gpus": [0, 1], "nodes": [
             {"rank": 0, "machine": "m1", "identity": "r-g1-a2-n0", "workspace": "/w/r-g1-a2-n0"}]},
@@ -63,11 +72,12 @@ def test_status_files_written_by_the_tests_read_back_the_same(tmp_path: Path) ->
         "conditions": [{"type": "Ready", "status": "True", "reason": "Running", "message": "",
                         "last_transition": "2026-11-24T19:38:55Z"}],
         "history": [{"time": "2026-11-24T19:38:55Z", "phase": "Running", "generation": 1, "attempt": 2,
-                     "reason": "lost: node-1 unreachable for 301s; retry 1/3"}]})
-    seen += _same(st)
-    assert seen >= 1
+                     "reason": "lost: node-1 unreachable for 301s; retry 1/3"}]}))
 
 
 def _same(st: RunStatus) -> int:
-    assert dump(st).split("\n", 1)[1] == yamlemit.pyyaml_dump(ordered(st))
+    fast = yamlemit.dump(ordered(st))
+    assert fast is not None, "an ordinary status is written without PyYAML"
+    assert fast == yamlemit.pyyaml_dump(ordered(st))
+    assert dump(st).split("\n", 1)[1] == fast
     return 1

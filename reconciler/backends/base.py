@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..tasks import env_lines
+
 
 @dataclass
 class Completed:
@@ -115,16 +117,13 @@ class LaunchResult:
 
 def secrets_file(secrets: dict[str, str]) -> bytes:
     """Shell-sourceable ``export NAME='value'`` lines, read once by the wrapper and deleted."""
-    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(secrets.items())).encode()
+    return env_lines(secrets).encode()
 
 
 def launch_env_lines(env: dict[str, str]) -> str:
     """Shell lines, run in a workspace before it starts: write runtime/launch.env, which the launch
     wrapper reads after scripts/env.sh (what only the launch can know, such as a node's rank)."""
-    if not env:
-        return ""
-    body = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
-    return f"printf '%s' {shlex.quote(body)} > runtime/launch.env\n"
+    return f"printf '%s' {shlex.quote(env_lines(env))} > runtime/launch.env\n" if env else ""
 
 
 def built_for_check(spec_digest: str) -> str:

@@ -13,11 +13,19 @@ import shlex
 import time
 
 from ..errors import PermanentError, TemporaryError
+from ..tasks import env_lines
 from .base import (WRONG_SPEC, LaunchResult, LaunchSpec, Transport, built_for_check, docker_prefix, launch_env_lines,
                    secrets_file)
 
 # How long a launch waits, on the machine, for the wrapper to write its pid.
 PID_WAIT = "i=0; while [ ! -s runtime/pid ] && [ $i -lt 100 ]; do sleep 0.02; i=$((i+1)); done"
+
+
+def _in_workspace(spec: LaunchSpec) -> str:
+    """Every launch script's start: into the workspace (exit 97 when it is gone), refuse one built
+    for another spec (exit 96), and the folders the wrapper writes."""
+    return (f"cd {shlex.quote(spec.workspace)} || exit 97\n" + built_for_check(spec.spec_digest)
+            + "mkdir -p runtime artifacts\n")
 
 
 def launch(t: Transport, spec: LaunchSpec) -> LaunchResult:
@@ -39,14 +47,12 @@ def _launch_slurm(t: Transport, spec: LaunchSpec) -> LaunchResult:
     (the commands' environment) is written first: the probe and terminate read it to reach the
     cluster."""
     job = spec.slurm
-    ws, ident = shlex.quote(spec.workspace), shlex.quote(spec.identity)
-    env = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(job.env.items()))
+    ident = shlex.quote(spec.identity)
+    env = env_lines(job.env)
     doc = shlex.quote(json.dumps({"env": job.env}, sort_keys=True))
     submit = " ".join(shlex.quote(a) for a in job.sbatch_argv(spec.identity, spec.workspace))
     script = (
-        f"cd {ws} || exit 97\n"
-        + built_for_check(spec.spec_digest) +
-        "mkdir -p runtime artifacts\n"
+        _in_workspace(spec) +
         "if [ -s runtime/slurm_job ]; then echo adopted; cat runtime/slurm_job; exit 0; fi\n"
         f"printf '%s\\n' {doc} > runtime/slurm.json\n"
         + env +
@@ -80,11 +86,9 @@ def _launch_slurm(t: Transport, spec: LaunchSpec) -> LaunchResult:
 
 
 def _launch_host(t: Transport, spec: LaunchSpec) -> LaunchResult:
-    ws, ident = shlex.quote(spec.workspace), shlex.quote(spec.identity)
+    ident = shlex.quote(spec.identity)
     script = (
-        f"cd {ws} || exit 97\n"
-        + built_for_check(spec.spec_digest) +
-        "mkdir -p runtime artifacts\n"
+        _in_workspace(spec) +
         "if [ -e runtime/launched_at ]; then echo adopted; cat runtime/pid 2>/dev/null; exit 0; fi\n"
         + launch_env_lines(spec.env) +
         "date +%s > runtime/launched_at\n"
@@ -102,7 +106,7 @@ def _launch_host(t: Transport, spec: LaunchSpec) -> LaunchResult:
 
 
 def _launch_docker(t: Transport, spec: LaunchSpec) -> LaunchResult:
-    ws, ident = shlex.quote(spec.workspace), shlex.quote(spec.identity)
+    ident = shlex.quote(spec.identity)
     args = [
         "docker", "run", "-d", "--name", spec.identity,
         "--label", f"reconciler.identity={spec.identity}", "--label", f"reconciler.run={spec.run_name}",
@@ -117,9 +121,7 @@ def _launch_docker(t: Transport, spec: LaunchSpec) -> LaunchResult:
     cmd += f" {shlex.quote(spec.image or '')} sh /bundle/scripts/launch.sh {ident}"
     dp = docker_prefix(t.machine)
     script = (
-        f"cd {ws} || exit 97\n"
-        + built_for_check(spec.spec_digest) +
-        "mkdir -p runtime artifacts\n"
+        _in_workspace(spec) +
         "if [ -e runtime/container ]; then echo adopted; exit 0; fi\n"
         + launch_env_lines(spec.env) +
         f"echo {ident} > runtime/container\n"

@@ -9,9 +9,12 @@ fetching are no-ops. The agent runs in-process, so observing costs no subprocess
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
+from ..bundle import built_digest
+from ..errors import TemporaryError
 from ..runtime import probe as agent_module
 from .base import Completed, MachineInfo
 
@@ -72,18 +75,11 @@ class StagingLocalTransport(LocalTransport):
     cluster's login host: the run's record must outlive the shared workspace."""
 
     def stage(self, bundle: Path, identity: str, spec_digest: str = "") -> str:
-        import json
-        import shutil
-
+        """Copy the bundle in as the identity's workspace, atomically; one already there is kept
+        only if it was built for the same spec (as SshTransport.stage)."""
         ws = Path(self.workspace(identity))
         if (ws / "job.json").is_file():
-            try:
-                built = json.loads((ws / "job.json").read_text(encoding="utf-8"))["payload"]["spec_digest"]
-            except (OSError, ValueError, KeyError, TypeError):
-                built = None
-            if spec_digest and built != spec_digest:
-                from ..errors import TemporaryError
-
+            if spec_digest and built_digest(ws) != spec_digest:
                 raise TemporaryError(f"{identity} on {self.machine.name} was built for another spec; not reusing it")
             return str(ws)
         tmp = ws.with_name(f".{identity}.staging")
@@ -96,12 +92,9 @@ class StagingLocalTransport(LocalTransport):
         return str(ws)
 
     def fetch(self, identity: str, dest: Path) -> None:
-        import shutil
-
+        """runtime/ and artifacts/ of the workspace into ``dest``, never the secrets file."""
         ws = Path(self.workspace(identity))
         if not ws.is_dir():
-            from ..errors import TemporaryError
-
             raise TemporaryError(f"workspace of {identity} is gone from {self.machine.name}")
         for part in ("runtime", "artifacts"):
             if (ws / part).is_dir():

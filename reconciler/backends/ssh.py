@@ -187,75 +187,12 @@ class SshTransport:
                     return self._client
                 self._client.close()
                 self._client = None
-            ep = self.endpoint
-            client = paramiko.SSHClient()
-            keys = client.get_host_keys()
-            hostname = self.host if self.port == 22 else f"[{self.host}]:{self.port}"
-            pinned = ep.host_key
-            if pinned:
-                parts = pinned.split()
-                try:
-                    key = paramiko.PKey.from_type_string(parts[0], base64.b64decode(parts[1]))
-                except Exception as e:  # noqa: BLE001 - any malformed key is the spec's fault
-                    raise PermanentError(f"ssh.host_key of {self.machine.name} in {self._host_keys_note()} "
-                                         f"is not a public key line ('ssh-ed25519 AAAA...'): {e}") from None
-                keys.add(hostname, parts[0], key)
-            elif self.machine.known_hosts:
-                path = os.path.expanduser(self.machine.known_hosts)
-                try:
-                    client.load_host_keys(path)
-                except OSError as e:
-                    raise PermanentError(f"known_hosts file {path} of {self._host_keys_note()} cannot be read "
-                                         f"({e.strerror}): refusing to connect to {self.where}") from None
-            client.set_missing_host_key_policy(_RejectUnknown())
-            ident = os.path.expanduser(ep.identity_file) if ep.identity_file else None
             if self._retry_at and time.monotonic() < self._retry_at:
                 # Within the backoff: the last attempt's error, word for word (a status that
                 # quotes it must not change from pass to pass while nothing does).
                 raise TemporaryError(f"{self.where}: {self._last_error}")
-            pkey = private_key(ident) if ident else None
             try:
-                try:
-                    client.connect(
-                        self.host, port=self.port, username=ep.user, pkey=pkey,
-                        key_filename=ident if pkey is None else None,
-                        look_for_keys=ident is None, allow_agent=ident is None,
-                        timeout=self.connect_timeout, banner_timeout=self.connect_timeout,
-                        auth_timeout=self.connect_timeout, channel_timeout=self.connect_timeout,
-                    )
-                except paramiko.BadHostKeyException as e:
-                    client.close()
-                    how = "the pinned key" if pinned else f"the key in {self.machine.known_hosts}"
-                    raise PermanentError(
-                        f"host key for {self.where} does not match {how} in {self._host_keys_note()}: "
-                        f"refusing to connect (it offered {e.key.get_name()} "
-                        f"{e.key.get_fingerprint().hex()[:16]}…)") from None
-                except UnknownHostKey:
-                    client.close()
-                    if self.machine.known_hosts:
-                        why = f"it is not in {self.machine.known_hosts}"
-                    else:
-                        why = "neither ssh.host_key nor the fleet's known_hosts is set"
-                    raise PermanentError(f"host key for {self.where} is unknown ({why}; see {self._host_keys_note()}): "
-                                         "refusing to connect") from None
-                except paramiko.AuthenticationException as e:
-                    client.close()
-                    raise TemporaryError(f"{self.where}: authentication as {ep.user} failed: {e}") from None
-                except socket.gaierror as e:
-                    client.close()
-                    raise TemporaryError(f"{self.where}: cannot resolve {self.host}: {e.strerror or e}") from None
-                except (socket.timeout, TimeoutError):
-                    client.close()
-                    raise TemporaryError(f"{self.where}: connection timed out after {self.connect_timeout:g}s") from None
-                except paramiko.ssh_exception.NoValidConnectionsError:
-                    client.close()
-                    if self.tunnel:  # nothing listens: the agent is down, or cannot reach this host
-                        raise TemporaryError(f"{self.where}: tunnel not up (is `reconcile agent` running on "
-                                             "the machine?)") from None
-                    raise TemporaryError(f"{self.where}: connection refused") from None
-                except (OSError, paramiko.SSHException, EOFError) as e:
-                    client.close()
-                    raise TemporaryError(f"{self.where}: cannot connect: {type(e).__name__}: {e}") from None
+                client = self._dial()
             except TemporaryError as e:
                 if self.kept:  # a kept connection backs off: 1, 2, 4 ... 30 s between attempts
                     self._failures += 1
@@ -272,6 +209,75 @@ class SshTransport:
                 sock.settimeout(IDLE_WAKE)
             self._client = client
             return client
+
+    def _dial(self) -> paramiko.SSHClient:
+        """A new client, connected and authenticated under the machine's pinned host key; every
+        failure as a PermanentError (the spec is wrong) or a TemporaryError (try again later)."""
+        ep = self.endpoint
+        client = paramiko.SSHClient()
+        keys = client.get_host_keys()
+        hostname = self.host if self.port == 22 else f"[{self.host}]:{self.port}"
+        pinned = ep.host_key
+        if pinned:
+            parts = pinned.split()
+            try:
+                key = paramiko.PKey.from_type_string(parts[0], base64.b64decode(parts[1]))
+            except Exception as e:  # noqa: BLE001 - any malformed key is the spec's fault
+                raise PermanentError(f"ssh.host_key of {self.machine.name} in {self._host_keys_note()} "
+                                     f"is not a public key line ('ssh-ed25519 AAAA...'): {e}") from None
+            keys.add(hostname, parts[0], key)
+        elif self.machine.known_hosts:
+            path = os.path.expanduser(self.machine.known_hosts)
+            try:
+                client.load_host_keys(path)
+            except OSError as e:
+                raise PermanentError(f"known_hosts file {path} of {self._host_keys_note()} cannot be read "
+                                     f"({e.strerror}): refusing to connect to {self.where}") from None
+        client.set_missing_host_key_policy(_RejectUnknown())
+        ident = os.path.expanduser(ep.identity_file) if ep.identity_file else None
+        pkey = private_key(ident) if ident else None
+        try:
+            client.connect(
+                self.host, port=self.port, username=ep.user, pkey=pkey,
+                key_filename=ident if pkey is None else None,
+                look_for_keys=ident is None, allow_agent=ident is None,
+                timeout=self.connect_timeout, banner_timeout=self.connect_timeout,
+                auth_timeout=self.connect_timeout, channel_timeout=self.connect_timeout,
+            )
+        except paramiko.BadHostKeyException as e:
+            client.close()
+            how = "the pinned key" if pinned else f"the key in {self.machine.known_hosts}"
+            raise PermanentError(
+                f"host key for {self.where} does not match {how} in {self._host_keys_note()}: "
+                f"refusing to connect (it offered {e.key.get_name()} "
+                f"{e.key.get_fingerprint().hex()[:16]}…)") from None
+        except UnknownHostKey:
+            client.close()
+            if self.machine.known_hosts:
+                why = f"it is not in {self.machine.known_hosts}"
+            else:
+                why = "neither ssh.host_key nor the fleet's known_hosts is set"
+            raise PermanentError(f"host key for {self.where} is unknown ({why}; see {self._host_keys_note()}): "
+                                 "refusing to connect") from None
+        except paramiko.AuthenticationException as e:
+            client.close()
+            raise TemporaryError(f"{self.where}: authentication as {ep.user} failed: {e}") from None
+        except socket.gaierror as e:
+            client.close()
+            raise TemporaryError(f"{self.where}: cannot resolve {self.host}: {e.strerror or e}") from None
+        except (socket.timeout, TimeoutError):
+            client.close()
+            raise TemporaryError(f"{self.where}: connection timed out after {self.connect_timeout:g}s") from None
+        except paramiko.ssh_exception.NoValidConnectionsError:
+            client.close()
+            if self.tunnel:  # nothing listens: the agent is down, or cannot reach this host
+                raise TemporaryError(f"{self.where}: tunnel not up (is `reconcile agent` running on "
+                                     "the machine?)") from None
+            raise TemporaryError(f"{self.where}: connection refused") from None
+        except (OSError, paramiko.SSHException, EOFError) as e:
+            client.close()
+            raise TemporaryError(f"{self.where}: cannot connect: {type(e).__name__}: {e}") from None
+        return client
 
     def close(self) -> None:
         with self._lock:

@@ -267,7 +267,7 @@ def probe(root, names=None, now=None):
                 payload = json.loads(job).get("payload", {})
                 run["gpus"] = payload.get("gpus", [])
                 run["spec_digest"] = payload.get("spec_digest")
-                if payload.get("gang"):  # {rank, of}: one node of a run on several machines
+                if payload.get("gang"):  # {rank, of, machines}: one node of a run on several machines
                     run["gang"] = payload["gang"]
             except (ValueError, AttributeError):
                 pass
@@ -474,8 +474,11 @@ def _slurm_terminate(ws, identity, text, grace):
     step on every node, so no process of the run survives on any of them."""
     env = _slurm_env(text)
     out = {"identity": identity, "was_alive": False}
-    active = lambda: [j for j in (slurm_jobs({identity}, env) or {}).get(identity, [])  # noqa: E731
-                      if j["state"] in SLURM_QUEUED + SLURM_ACTIVE]
+
+    def active():
+        return [j for j in (slurm_jobs({identity}, env) or {}).get(identity, [])
+                if j["state"] in SLURM_QUEUED + SLURM_ACTIVE]
+
     if not active():
         return out
     out["was_alive"] = True

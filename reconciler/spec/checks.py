@@ -116,16 +116,6 @@ def cross_checks(root: Path, files: list, locator, given: set[str] | None = None
     for f in template_files:
         lookup.setdefault(f.path.stem, f)  # a run naming the file still finds it (and sees it is invalid)
         _check_template(f, add)
-    roots: dict[str, tuple[str, Any]] = {}  # a Slurm login host → its workspace root, and the file naming it
-    for f in sorted(template_files, key=lambda f: f.rel):
-        login, root_dir = _at(f.data, "placement", "slurm", "login"), _at(f.data, "placement", "slurm", "workspace_root")
-        if _at(f.data, "placement", "kind") != "slurm" or not isinstance(root_dir, str):
-            continue
-        login = login if isinstance(login, str) else "local"
-        first = roots.setdefault(login, (root_dir, f))
-        if first[0] != root_dir:
-            add(f, ("placement", "slurm", "workspace_root"), f"login host '{login}' has workspace_root "
-                f"'{first[0]}' in {first[1].rel}: one cluster, one root")
 
     by_name: dict[tuple[str, str], Any] = {}
     for f in sorted((f for f in checked if f.kind in ("Run", "Fleet", "Provider", "Policy")), key=lambda f: f.rel in given):
@@ -187,7 +177,30 @@ def cross_checks(root: Path, files: list, locator, given: set[str] | None = None
             types = [t for t in types if isinstance(t, str)]
             if len(set(types)) != len(types):
                 add(f, ("spec", "machines", i, "resources", "gpus"), "a GPU type is listed twice; add the counts")
+    _check_slurm_logins(template_files, machines, add)
     return out
+
+
+def _check_slurm_logins(template_files: list, machines: dict[str, Any], add) -> None:
+    """A Slurm template's login host is this machine or a Fleet machine, and one login host has
+    one workspace root (the cluster is observed as one machine, under that root)."""
+    roots: dict[str, tuple[str, Any]] = {}  # login host → its workspace root, and the file naming it
+    for f in sorted(template_files, key=lambda f: f.rel):
+        if _at(f.data, "placement", "kind") != "slurm":
+            continue
+        login = _at(f.data, "placement", "slurm", "login")
+        login = login if isinstance(login, str) else "local"
+        if login != "local" and login not in machines:
+            known = ", ".join(sorted(machines)[:8]) or "no Fleet declares any"
+            add(f, ("placement", "slurm", "login"), f"login host '{login}' is not a Fleet machine (known: {known}); "
+                                                    "use local for this machine")
+        root_dir = _at(f.data, "placement", "slurm", "workspace_root")
+        if not isinstance(root_dir, str):
+            continue
+        first = roots.setdefault(login, (root_dir, f))
+        if first[0] != root_dir:
+            add(f, ("placement", "slurm", "workspace_root"), f"login host '{login}' has workspace_root "
+                f"'{first[0]}' in {first[1].rel}: one cluster, one root")
 
 
 # ---------------------------------------------------------------- reading raw mappings
@@ -242,9 +255,8 @@ def _check_template(f, add) -> None:
     resources = defaults.get("resources")
     if isinstance(resources, dict) and _text(resources.get("gpu_type")) and _count(resources.get("gpu_count")) == 0:
         add(f, ("defaults", "resources", "gpu_type"), "gpu_type is set but gpu_count is 0")
-    placement = _at(t, "placement", "kind")
     if isinstance(resources, dict) and type(resources.get("nodes")) is int and resources["nodes"] > 1 \
-            and placement not in ("ssh", "slurm"):
+            and _at(t, "placement", "kind") not in MULTI_NODE_PLACEMENTS:
         add(f, ("defaults", "resources", "nodes"), MULTI_NODE_PLACEMENT)
 
 
@@ -369,6 +381,7 @@ def _check_run(root: Path, f, templates: dict, add, invalid_templates: set[str],
             add(f, ("spec", "task", "env", name), f"'{name}' is a secret; remove it from env")
 
 
+MULTI_NODE_PLACEMENTS = ("ssh", "slurm")
 MULTI_NODE_PLACEMENT = "a run across several machines (nodes > 1) needs ssh or slurm placement"
 
 
@@ -377,7 +390,7 @@ def _check_nodes(f, overrides: dict, template: ExecutionTemplate | None, add) ->
     nodes = res.get("nodes")
     if template is None or type(nodes) is not int or nodes <= 1 or "resources" not in template.allow_overrides:
         return
-    if template.placement.kind not in ("ssh", "slurm"):
+    if template.placement.kind not in MULTI_NODE_PLACEMENTS:
         add(f, ("spec", "overrides", "resources", "nodes"), f"{MULTI_NODE_PLACEMENT}; template '{template.id}' "
                                                             f"has {template.placement.kind} placement")
 

@@ -93,17 +93,16 @@ def test_stopping_a_run_cancels_its_job(slurm_world) -> None:
 def test_a_job_waiting_for_gpus_shows_slurms_reason(slurm_world) -> None:
     w = slurm_world()
     # Each node has 2 GPUs: two nodes' worth held by one run leaves nothing for the next.
-    w.add_run(run_spec("big", "slurm-host", ["sleep", "300"], overrides={"resources": {"gpu_count": 2, "nodes": 2}}))
+    big = run_spec("big", "slurm-host", ["sleep", "300"], overrides={"resources": {"gpu_count": 2, "nodes": 2}})
+    w.add_run(big)
     w.until("big", lambda s: s.phase == "Running", timeout=30)
     w.add_run(run_spec("next", "slurm-host", ["true"], overrides={"resources": {"gpu_count": 1}}))
     # First "waiting to be scheduled" (Slurm's reason None), then why it cannot start.
     st = w.until("next", lambda s: s.phase == "Pending" and "Resources" in (s.message or ""), timeout=30)
     assert st.message.startswith("next-g1-a1 is queued in Slurm (job ")
     assert st.condition("Ready").status == "False"
-    w.add_run({**run_spec("big", "slurm-host", ["sleep", "300"], overrides={"resources": {"gpu_count": 2, "nodes": 2}}),
-               "spec": {**run_spec("big", "slurm-host", ["sleep", "300"],
-                                   overrides={"resources": {"gpu_count": 2, "nodes": 2}})["spec"],
-                        "desiredState": "Stopped"}})
+    big["spec"]["desiredState"] = "Stopped"  # the GPUs come free: the queued run starts
+    w.add_run(big)
     w.until("next", lambda s: s.phase == "Succeeded", timeout=40)
 
 

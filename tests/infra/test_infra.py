@@ -5,6 +5,7 @@ These tests guard the infrastructure every e2e test relies on; if one fails, fix
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
@@ -181,13 +182,9 @@ def test_slurm_runs_jobs_on_two_nodes_with_fake_gpus(slurm, tmp_path):
     out = tmp_path / "out"
     job = slurm.command("sbatch", "--parsable", "-N", "2", "--ntasks-per-node=1", "--gres=gpu:1",
                         "-o", str(out), "--wrap", "srun sh -c 'echo $SLURM_NODEID:$CUDA_VISIBLE_DEVICES'").strip()
-    from tests.infra._proc import wait_until
-
     wait_until(lambda: "COMPLETED" in slurm.command("scontrol", "show", "job", job), 30, what="the job to complete")
     assert sorted(out.read_text().split()) == ["0:0", "1:0"]
     # More GPUs than a node has is refused at submission.
-    import subprocess
-
     r = subprocess.run(["sbatch", "--gres=gpu:3", "--wrap", "true"], capture_output=True, text=True,
-                       env={**__import__("os").environ, **slurm.env})
+                       env={**os.environ, **slurm.env})
     assert r.returncode != 0 and "not available" in r.stderr
