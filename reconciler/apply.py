@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from . import bundle as bundles
-from . import provenance
+from . import provenance, safetar
 from .backends import launchers
 from .backends.base import LaunchResult, LaunchSpec, SlurmJob
 from .errors import PermanentError, ReconcilerError, TemporaryError
@@ -64,6 +63,8 @@ class ApplyContext:
     rental_key: Callable[[str], str | None] = lambda machine: None  # a rental's pinned (or first-seen) host key
     ssh_ready_timeout: float = 20.0
     checkpoint_copy_mbps: float | None = None  # bandwidth of checkpoint copies off rentals (None: unbounded)
+    # What one collection or checkpoint copy may bring to this host (collect_max_bytes / _files).
+    collect_limits: safetar.Limits = field(default_factory=safetar.Limits)
 
     def local_dir(self, machine: str, identity: str, workspace: str) -> Path:
         """Where an attempt's bundle lives on this host: its workspace itself when it runs here."""
@@ -120,7 +121,7 @@ def _one(c: Change, ctx: ApplyContext) -> Outcome:
             from . import checkpoints
 
             checkpoints.save(ctx.transport_for(c.machine), c.identity, c.checkpoint, ctx.repo / ".reconciler",
-                             c.name, c.generation, ctx.checkpoint_copy_mbps)
+                             c.name, c.generation, ctx.checkpoint_copy_mbps, ctx.collect_limits)
     except PermanentError as e:
         out.ok, out.error, out.permanent = False, str(e), True
     except ReconcilerError as e:
@@ -133,6 +134,9 @@ def _one(c: Change, ctx: ApplyContext) -> Outcome:
 def _launch(c: Change, ctx: ApplyContext, out: Outcome) -> None:
     entry = ctx.desired.runs[c.name]
     # Secrets first: a launch that cannot start must leave nothing behind on the machine.
+    refused = secret_refusals(ctx.desired, entry.run)
+    if refused:  # validation refuses the run already; this holds even if a bug let it through
+        raise PermanentError("; ".join(refused))
     secrets = {}
     missing = []
     for name in entry.run.spec.secrets:
@@ -150,6 +154,32 @@ def _launch(c: Change, ctx: ApplyContext, out: Outcome) -> None:
     if c.rental is not None:
         _rental_ready(c, ctx, t, out)
     out.launched, out.workspace = _launch_one(c, ctx, entry, secrets, t, c.identity, c.gpus)
+
+
+def secret_refusals(desired: DesiredState, run) -> list[str]:
+    """Why the run may not have each secret it lists that it may not have (empty: it may have them
+    all), by the Policy's grants and the names the reconciler keeps to itself. A Policy file that
+    is there but invalid grants nothing: its rules cannot be read, so no secret leaves."""
+    from .spec.models import secret_refusal
+
+    if run.spec.secrets and desired.policy is None and any(f.kind == "Policy" for f in desired.files):
+        return [f"the Policy is invalid, so no secret is given to any run ({', '.join(run.spec.secrets)} held back)"]
+    policy = desired.policy.spec if desired.policy is not None else None
+    # Every Provider's credential, an invalid Provider's too (its file still names it).
+    reserved = {p.spec.credentials for p in desired.providers.values() if p.spec.credentials}
+    for f in desired.files:
+        spec = f.data.get("spec") if f.kind == "Provider" and isinstance(f.data, dict) else None
+        if isinstance(spec, dict) and isinstance(spec.get("credentials"), str):
+            reserved.add(spec["credentials"])
+    rules = policy.secrets if policy is not None else None
+    label = policy.teamLabel if policy is not None else "team"
+    team = run.metadata.labels.get(label)
+    out = []
+    for name in run.spec.secrets:
+        why = secret_refusal(rules, run.metadata.name, team, name, reserved, label)
+        if why:
+            out.append(why)
+    return out
 
 
 def _launch_one(c: Change, ctx: ApplyContext, entry, secrets: dict, t, identity: str, gpus: list[int],
@@ -178,7 +208,9 @@ def _launch_one(c: Change, ctx: ApplyContext, entry, secrets: dict, t, identity:
     )
     b = bundles.build(req, local_dir)
     if saved is not None:
-        shutil.copytree(saved, Path(b.path) / "inputs" / ".reconciler" / "resume" / saved.name, dirs_exist_ok=True)
+        from . import checkpoints
+
+        checkpoints.stage(saved, Path(b.path), ctx.collect_limits)
     ws = t.stage(b.path, identity, entry.digest)
     if os.environ.get(CRASH_HOOK) == "stage":
         os._exit(137)  # test hook: die like kill -9 between staging and starting
@@ -359,7 +391,7 @@ def _collect_leftover(c: Change, ctx: ApplyContext) -> None:
     ws = c.workspace or t.workspace(c.identity)
     if c.machine != LOCAL and c.ran:
         local_dir = ctx.local_dir(c.machine, c.identity, ws)
-        t.fetch(c.identity, local_dir)
+        t.fetch(c.identity, local_dir, limits=ctx.collect_limits)
     launchers.finish(t, ws, remove=True)
 
 
@@ -369,12 +401,19 @@ def _collect_into(ctx: ApplyContext, machine: str, identity: str, workspace: str
     t = ctx.transport_for(machine)
     ws = workspace or t.workspace(identity)
     local_dir = ctx.local_dir(machine, identity, ws)
-    t.fetch(identity, local_dir)
+    got = t.fetch(identity, local_dir, limits=ctx.collect_limits)
+    # What the machine sent that is not a plain file or folder (a FIFO, a link), or beyond the
+    # limits, was left out: the collection still counts (the run ends, its machine is released),
+    # and what was left out is said in the manifest and the run's status.
+    note = got.note() if got is not None else ""
+    collection = dict(got.as_dict(), note=note) if note else None
     if local_dir.is_dir():  # artifacts/manifest.json: provenance and every artifact's size and hash
-        full = provenance.write(local_dir)
+        full = provenance.write(local_dir, collection=collection)
         manifest = {"artifacts": full["run"]["artifacts"], "provenance": provenance.summary(full)}
     else:
         manifest = {"artifacts": []}
+    if collection is not None:
+        manifest["collection"] = collection
     # Only a run's final collection removes its remote workspace: a failed attempt that will be
     # retried keeps it (the retry may resume from its checkpoints; attempts are counted from it).
     remove = machine != LOCAL and ctx.remote_cleanup == "after_collect" and final

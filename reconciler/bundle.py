@@ -15,11 +15,14 @@ import io
 import json
 import os
 import shutil
+import stat
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import codepin
+from .errors import PermanentError
+from .spec.checks import input_problem, not_user_content
 from .spec.resolve import Effective
 from .tasks import RenderContext, env_lines, render
 
@@ -168,24 +171,63 @@ def _write(path: Path, data: bytes, mode: int) -> None:
 
 
 def _stage_input(repo: Path, item: str, inputs_dir: Path) -> dict:
-    """Copy a repository file or folder under inputs/<same relative path>; return its record."""
-    src = repo / item
+    """Copy a repository file or folder under inputs/<same relative path>; return its record.
+
+    A symbolic link is copied as what it points to only when that is user content of the
+    repository: never outside it, never its root, .git/, .reconciler/ or status/ (a committed
+    link must not ship the reconciler's state or its host's files to a machine), never a folder
+    that holds the link (a loop). Anything else refuses the launch with the link's name."""
+    problem = input_problem(repo, item)  # validation says the same; checked again at the launch
+    if problem:
+        raise PermanentError(problem)
+    real_root = Path(repo).resolve()
     dst = inputs_dir / item
     dst.parent.mkdir(parents=True, exist_ok=True)
-    if src.is_dir():
-        shutil.copytree(src, dst, symlinks=False)  # symlinks are copied as the files they point to
+    _copy_input(real_root, real_root / item, dst, item, ())
+    if dst.is_dir():
         sha, files, size = codepin.tree_digest(dst)
         return {"path": item, "kind": "dir", "files": files, "size": size, "sha256": sha}
-    shutil.copy2(src, dst)
     data = dst.read_bytes()
     return {"path": item, "kind": "file", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
+def _copy_input(real_root: Path, src: Path, dst: Path, item: str, holding: tuple[Path, ...]) -> None:
+    """Copy ``src`` (following links, within the rules of ``_stage_input``) to ``dst``."""
+    where = src.relative_to(real_root) if src.is_relative_to(real_root) else src
+    try:
+        real = src.resolve(strict=True)
+    except (OSError, RuntimeError):
+        raise PermanentError(f"input '{item}': {where} is a broken or looping symlink") from None
+    if not real.is_relative_to(real_root):
+        raise PermanentError(f"input '{item}': {where} is a symlink that leaves the repository")
+    into = not_user_content(real_root, real)
+    if into:
+        raise PermanentError(f"input '{item}': {where} is a symlink to {into}, which is not user content")
+    mode = real.stat().st_mode
+    if stat.S_ISDIR(mode):
+        if real in holding:
+            raise PermanentError(f"input '{item}': {where} is a symlink to a folder that holds it (a loop)")
+        dst.mkdir(exist_ok=True)
+        for name in sorted(os.listdir(real)):
+            _copy_input(real_root, real / name, dst / name, item, holding + (real,))
+    elif stat.S_ISREG(mode):
+        shutil.copy2(real, dst)
+    else:
+        raise PermanentError(f"input '{item}': {where} is not a regular file or folder")
+
+
 def _content_files(root: Path) -> list[Path]:
     out = [root / "job.json"] if (root / "job.json").exists() else []
+    real_root = Path(root).resolve()
     for d in CONTENT_DIRS:
-        out.extend(sorted(p for p in (root / d).rglob("*") if p.is_file()))
+        out.extend(sorted(p for p in (root / d).rglob("*") if p.is_file() and _within(real_root, p)))
     return out
+
+
+def _within(real_root: Path, p: Path) -> bool:
+    """A file of the bundle, or a link to one. A link out of it (in a pinned repository's checkout,
+    say) is never read: its target would be shipped to the machine."""
+    return not p.is_symlink() or p.resolve().is_relative_to(real_root)
 
 
 def digest(root: Path) -> str:

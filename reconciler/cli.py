@@ -437,6 +437,11 @@ def _dispatch(name: str, args: argparse.Namespace) -> int:
 
         return cmd_agent(args)
     from . import commands  # the loop's commands import more; validate stays light
+    from .procenv import seal_own_environment
+
+    # Every command past this point holds secrets in its environment and starts processes that
+    # run as the same user (local runs): they must not read this one's /proc/<pid>/environ.
+    seal_own_environment()
 
     return commands.run(name, args)
 

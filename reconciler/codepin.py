@@ -19,18 +19,20 @@ A clone that fails for another reason (network, a host that does not answer) is 
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
+from . import procenv
 from .errors import PermanentError, TemporaryError
 
 GIT_TIMEOUT = 600.0
 
 
 def _git(args: list[str], cwd: Path | None = None, timeout: float = GIT_TIMEOUT) -> subprocess.CompletedProcess:
-    env = dict(os.environ, GIT_TERMINAL_PROMPT="0", GIT_ASKPASS="true", LC_ALL="C")
+    # procenv's allowlist: a clone of a run's code repository runs that repository's git settings
+    # and helpers, and must not see the secrets this process holds.
+    env = procenv.for_git({"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true", "LC_ALL": "C"})
     try:
         return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env,
                               stdin=subprocess.DEVNULL)

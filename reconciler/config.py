@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
+from . import procenv
 from .errors import UsageError
 
 REDACT = ("webhook_secret",)
@@ -46,11 +47,24 @@ class Config(BaseModel):
     gang_heartbeat_timeout: float = Field(30.0, gt=0)
     ssh_connect_timeout: float = 5.0
     ssh_command_timeout: float = 60.0
+    # A machine's probe (every pass) must answer within this, else the machine is unreachable for
+    # the pass: a machine that never answers cannot hold every pass for the command timeout. Keep
+    # it above the probe's own 15 s limit on docker and squeue (runtime/probe.py TOOL_TIMEOUT).
+    ssh_probe_timeout: float = Field(30.0, gt=0)
+    # The most a machine's answer read into memory (a probe reply) may hold; a larger one fails
+    # that call. 1,000 runs on a machine answer in about 1 MB.
+    ssh_max_reply_bytes: int = Field(16 << 20, ge=64 << 10)
     # A fresh rental's sshd may start after its provider says it runs: how long a launch waits for
     # it before leaving the run for the next pass.
     ssh_ready_timeout: float = 20.0
     # Checkpoints copied off rentals while runs train: at most this many MB/s (None: no limit).
     checkpoint_copy_mbps: float | None = Field(100.0, gt=0)
+    # What one collection (runtime/ and artifacts/ of an attempt) or checkpoint copy may bring to
+    # this host: the files that fit are kept and the rest is listed as left out (a machine is
+    # untrusted: it must not fill this host's disk). Sized for real checkpoints while they are
+    # copied through this host rather than to object storage.
+    collect_max_bytes: int = Field(20 << 30, gt=0)
+    collect_max_files: int = Field(100_000, gt=0)
     parallel_machines: int = 16
     parallel_changes: int = 8
     local_max_tasks: int | None = None
@@ -101,7 +115,8 @@ class Config(BaseModel):
 
 def _git(repo: Path, *args: str) -> str | None:
     try:
-        p = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10)
+        p = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10,
+                           env=procenv.for_git())  # git never sees the secrets this process holds
     except (OSError, subprocess.TimeoutExpired):
         return None
     return p.stdout.strip() if p.returncode == 0 and p.stdout.strip() else None

@@ -549,7 +549,8 @@ class Daemon:
 
         try:
             self.dashboard = dashboard.make_server(self.cfg.dashboard_listen,
-                                                   dashboard.Views(self.cfg.repo, self.cfg.state_dir))
+                                                   dashboard.Views(self.cfg.repo, self.cfg.state_dir,
+                                                                   [self.cfg.local_root]))
         except (OSError, ValueError) as e:
             raise UsageError(f"cannot listen on {self.cfg.dashboard_listen}: {e}") from None
         httpd.serve_in_thread(self.dashboard)

@@ -23,6 +23,7 @@ from typing import Callable
 
 import git
 
+from . import procenv
 from .errors import TemporaryError
 
 STATUS_DIR = "status"
@@ -45,7 +46,9 @@ def head(repo: git.Repo | None) -> str | None:
     if repo is None:
         return None
     try:
-        return repo.head.commit.hexsha
+        # Read from the refs themselves: repo.head.commit would start GitPython's cat-file
+        # process, which inherits this process's whole environment.
+        return git.SymbolicReference.dereference_recursive(repo, "HEAD")
     except ValueError:  # no commits yet
         return None
 
@@ -95,21 +98,22 @@ def commit_status(repo: git.Repo, message: str | Callable[[list[str]], str], aut
         "GIT_AUTHOR_NAME": author.name, "GIT_AUTHOR_EMAIL": author.email,
         "GIT_COMMITTER_NAME": author.name, "GIT_COMMITTER_EMAIL": author.email,
     }
-    g = repo.git
+    root = Path(repo.working_tree_dir)
+    # Through run_git, not GitPython's commands: those hand git this process's whole environment.
     try:
         if parent:
-            g.read_tree(parent, env=env)
+            run_git(root, "read-tree", parent, extra_env=env)
         _stage(repo, [*paths, *ledger], env)
-        tree = g.write_tree(env=env)
-        if parent and tree == repo.commit(parent).tree.hexsha:
+        tree = run_git(root, "write-tree", extra_env=env).stdout.strip()
+        if parent and tree == run_git(root, "rev-parse", f"{parent}^{{tree}}").stdout.strip():
             return None
         args = [tree, "-m", message] + (["-p", parent] if parent else [])
-        new = g.commit_tree(*args, env=env).strip()
+        new = run_git(root, "commit-tree", *args, extra_env=env).stdout.strip()
         ref = repo.head.ref.path if not repo.head.is_detached else "HEAD"
-        try:
-            g.update_ref(ref, new, parent or "0" * 40)
-        except git.GitCommandError as e:
-            raise TemporaryError(f"the branch moved while committing status; will retry: {e.stderr.strip()}") from None
+        moved = run_git(root, "update-ref", ref, new, parent or "0" * 40, check=False)
+        if moved.returncode != 0:
+            raise TemporaryError("the branch moved while committing status; will retry: "
+                                 f"{moved.stderr.strip()}")
     finally:
         try:
             os.unlink(index_path)
@@ -258,7 +262,9 @@ class GitError(TemporaryError):
 
 
 def git_env(author: Author | None = None) -> dict[str, str]:
-    env = dict(os.environ)
+    """Git's environment: procenv's allowlist (git's own settings, never the secrets this process
+    holds for runs and providers: a hook or a credential helper would see them), non-interactive."""
+    env = procenv.for_git()
     env["GIT_TERMINAL_PROMPT"] = "0"
     env["LC_ALL"] = "C"  # its messages are matched below (_rejected, fetch): English, whatever the host's locale
     env.setdefault("GIT_SSH_COMMAND", "ssh -o BatchMode=yes")
@@ -269,10 +275,10 @@ def git_env(author: Author | None = None) -> dict[str, str]:
 
 
 def run_git(path: Path, *args: str, author: Author | None = None, timeout: float = 120.0,
-            check: bool = True) -> subprocess.CompletedProcess:
+            check: bool = True, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     try:
         p = subprocess.run(["git", "-C", str(path), *args], capture_output=True, text=True, timeout=timeout,
-                           env=git_env(author), stdin=subprocess.DEVNULL)
+                           env={**git_env(author), **(extra_env or {})}, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise GitError(f"git {args[0]} timed out after {timeout:.0f}s") from None
     if check and p.returncode != 0:

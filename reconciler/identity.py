@@ -13,7 +13,7 @@ import re
 from typing import NamedTuple
 
 IDENTITY = re.compile(r"^(?P<name>[a-z0-9]([-a-z0-9]*[a-z0-9])?)-g(?P<gen>[0-9]+)-a(?P<attempt>[0-9]+)"
-                      r"(-n(?P<node>[0-9]+))?$")
+                      r"(-n(?P<node>[0-9]+))?\Z")  # \Z: "$" would let a trailing newline through
 
 
 class Identity(NamedTuple):

@@ -14,18 +14,27 @@ once the run has ended it is written one last time.
 
 Rows are kept between passes, so a pass re-renders only the runs it wrote: the thousands of
 settled runs a long-lived reconciler never re-reads keep their rows.
+
+Every value in a row came from a machine, or from a status file anyone with push access can
+edit: text goes through ``display.md`` (no link, image, mention or HTML renders from a message),
+numbers through ``display.finite``/``display.number`` (NaN and the infinities are shown as
+"nan"/"inf" and left out of the sparkline and the curve), so no value can make a pass raise here
+and stop every status commit after it.
 """
 
 from __future__ import annotations
 
 import html
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import display
 from .status import TERMINAL, RunStatus, replace_if_changed
 
 README = "README.md"
+_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 SVG_INTERVAL = 300.0
 SPARK = "▁▂▃▄▅▆▇█"
 SPARK_POINTS = 16
@@ -53,37 +62,68 @@ class Row:
 
 def row(st: RunStatus) -> Row:
     since = st.history[-1].time if st.history else (st.observed_at or "")
-    p = st.progress or {}
-    step, total = p.get("step"), p.get("max_steps")
-    progress = f"{step}/{total}" if step is not None and total else (str(step) if step is not None else "")
-    losses = [pt[1] for pt in st.loss_curve]
-    loss = p.get("loss") if isinstance(p.get("loss"), (int, float)) else (losses[-1] if losses else None)
+    p = st.progress if isinstance(st.progress, dict) else {}
+    progress = progress_text(p)
+    losses = curve_losses(st.loss_curve)
+    loss = p.get("loss") if isinstance(p.get("loss"), (int, float)) else (st.loss_curve[-1][1] if st.loss_curve else None)
     return Row(name=st.name, phase=st.phase, since=since, generation=st.generation, attempt=st.attempt,
-               progress=progress, spark=sparkline(losses), loss=f"{loss:.4g}" if loss is not None else "",
+               progress=progress, spark=sparkline(losses), loss=display.number(loss) if loss is not None else "",
                machine=(st.handle.machine if st.handle and st.handle.machine else ""),
-               message=st.message or "", svg=len(st.loss_curve) >= 2,
+               message=st.message or "", svg=len(curve_points(st.loss_curve)) >= 2,
                price=_money((st.cost or {}).get("price_per_hour"), "/h"), cost=_money((st.cost or {}).get("so_far")))
 
 
 def _money(value, unit: str = "") -> str:
-    return f"{value:.2f}{unit}" if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
+    v = display.finite(value)
+    return f"{v:.2f}{unit}" if v is not None else ""
+
+
+def progress_text(p: dict) -> str:
+    """"step/max_steps" (or "step"), whatever types the machine reported them as."""
+    step, total = p.get("step"), p.get("max_steps")
+    if step is None:
+        return ""
+    return f"{display.number(step)}/{display.number(total)}" if total else display.number(step)
+
+
+def curve_points(curve) -> list[tuple[float, float]]:
+    """The (step, loss) points a chart can place: pairs of finite numbers; the rest left out."""
+    out = []
+    for pt in curve or ():
+        try:
+            s, v = display.finite(pt[0]), display.finite(pt[1])
+        except (TypeError, IndexError, KeyError):
+            continue
+        if s is not None and v is not None:
+            out.append((s, v))
+    return out
+
+
+def curve_losses(curve) -> list[float]:
+    return [v for _, v in curve_points(curve)]
+
+
+def _frac(v: float, lo: float, hi: float) -> float:
+    """Where ``v`` sits between ``lo`` and ``hi``, from 0 to 1, without overflowing: halving all
+    three keeps ``hi - lo`` finite even when they are ±1e308."""
+    span = hi / 2 - lo / 2
+    return min(1.0, max(0.0, (v / 2 - lo / 2) / span)) if span > 0 else 0.5
 
 
 def sparkline(values: list[float], width: int = SPARK_POINTS) -> str:
+    values = [f for f in map(display.finite, values) if f is not None]  # NaN and the infinities: not drawn
     if len(values) < 2:
         return ""
     if len(values) > width:  # evenly spaced picks, the last value always among them
         values = [values[round(i * (len(values) - 1) / (width - 1))] for i in range(width)]
     lo, hi = min(values), max(values)
-    span = hi - lo or 1.0
-    return "".join(SPARK[min(len(SPARK) - 1, int((v - lo) / span * (len(SPARK) - 1) + 0.5))] for v in values)
+    if hi == lo:
+        return SPARK[0] * len(values)
+    return "".join(SPARK[min(len(SPARK) - 1, int(_frac(v, lo, hi) * (len(SPARK) - 1) + 0.5))] for v in values)
 
 
-def _cell(text: str, limit: int = 100) -> str:
-    text = " ".join(str(text).split())
-    if len(text) > limit:
-        text = text[: limit - 1] + "…"
-    return html.escape(text, quote=False).replace("|", "\\|")
+def _cell(text, limit: int = 100) -> str:
+    return display.md(text, limit)
 
 
 def render(rows: dict[str, Row]) -> str:
@@ -104,27 +144,31 @@ def render(rows: dict[str, Row]) -> str:
                 "| run | gen/att | progress | loss | machine | " + ("price | cost | " if money else "")
                 + "since | message |", "|---|---|---|---|---|" + ("---|---|" if money else "") + "---|---|"]
         for r in group:
-            name = f"[{r.name}]({r.name}.yaml)"
+            # Status files are named by run (a DNS label); a name that is not one (a hand-made
+            # file) is shown as text, not made into a link.
+            name = f"[{r.name}]({r.name}.yaml)" if _LABEL.match(r.name) else _cell(r.name)
             loss = f"{r.spark} {r.loss}".strip()
-            if r.svg:
+            if r.svg and _LABEL.match(r.name):
                 loss = f"[{loss}]({r.name}.svg)"
             priced = f"| {r.price} | {r.cost} " if money else ""
             out.append(f"| {name} | {r.generation}/{r.attempt} | {_cell(r.progress)} | {loss} | {_cell(r.machine)} "
-                       f"{priced}| {r.since.replace('T', ' ').replace('Z', '')} | {_cell(r.message)} |")
+                       f"{priced}| {_cell(r.since.replace('T', ' ').replace('Z', ''), 40)} | {_cell(r.message)} |")
         out.append("")
     return "\n".join(out)
 
 
 def svg(name: str, curve: list, width: int = 480, height: int = 160) -> str:
-    """The loss curve as a standalone SVG (no script, no external reference)."""
+    """The loss curve as a standalone SVG (no script, no external reference). Points that are not
+    two finite numbers (a diverged run's NaN, an overflow's Infinity) are left out of the line."""
     pad = 36
-    steps = [p[0] for p in curve]
-    losses = [p[1] for p in curve]
+    points = curve_points(curve)
+    steps = [p[0] for p in points] or [0.0]
+    losses = [p[1] for p in points] or [0.0]
     s0, s1 = min(steps), max(steps)
     l0, l1 = min(losses), max(losses)
-    sx = (width - 2 * pad) / ((s1 - s0) or 1)
-    sy = (height - 2 * pad) / ((l1 - l0) or 1)
-    pts = " ".join(f"{pad + (s - s0) * sx:.1f},{height - pad - (v - l0) * sy:.1f}" for s, v in zip(steps, losses))
+    w, h = width - 2 * pad, height - 2 * pad
+    pts = " ".join(f"{pad + _frac(s, s0, s1) * w:.1f},{height - pad - _frac(v, l0, l1) * h:.1f}" for s, v in points)
+    name = display.clean(name, 80)
     title = html.escape(f"{name}: loss by step", quote=True)
     return "\n".join([
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
@@ -135,11 +179,11 @@ def svg(name: str, curve: list, width: int = 480, height: int = 160) -> str:
         f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{height - pad}" stroke="#888"/>',
         f'<polyline fill="none" stroke="#0969da" stroke-width="2" points="{pts}"/>',
         f'<text x="{pad}" y="{pad - 10}" font-family="sans-serif" font-size="12">{html.escape(name)}: loss</text>',
-        f'<text x="4" y="{pad + 4}" font-family="sans-serif" font-size="10">{l1:.4g}</text>',
-        f'<text x="4" y="{height - pad}" font-family="sans-serif" font-size="10">{l0:.4g}</text>',
-        f'<text x="{pad}" y="{height - pad + 16}" font-family="sans-serif" font-size="10">step {s0}</text>',
+        f'<text x="4" y="{pad + 4}" font-family="sans-serif" font-size="10">{html.escape(display.number(l1))}</text>',
+        f'<text x="4" y="{height - pad}" font-family="sans-serif" font-size="10">{html.escape(display.number(l0))}</text>',
+        f'<text x="{pad}" y="{height - pad + 16}" font-family="sans-serif" font-size="10">step {html.escape(display.number(s0, 8))}</text>',
         f'<text x="{width - pad}" y="{height - pad + 16}" font-family="sans-serif" font-size="10" '
-        f'text-anchor="end">step {s1}</text>',
+        f'text-anchor="end">step {html.escape(display.number(s1, 8))}</text>',
         "</svg>", ""])
 
 
@@ -189,7 +233,7 @@ class Ledger:
                 out.append(README)
             self._key = _key(readme)
         for name, st in written.items():
-            if len(st.loss_curve) < 2:
+            if len(curve_points(st.loss_curve)) < 2:
                 continue
             path = status_dir / f"{name}.svg"
             try:  # the file's own time: the throttle holds across processes (--once from cron)

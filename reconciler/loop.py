@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import gitops, status as statuses
+from . import gitops, safetar, status as statuses
 from .apply import CRASH_HOOK, ApplyContext, Outcome, apply
 from .config import Config
+from .exposure import shared_login_warnings
 from .ledger import Ledger
 from .observe import names_to_watch, observe
 from .observed import ObservedWorld
@@ -105,8 +106,10 @@ class Reconciler:
             rentals, provider_errors = self._observe_rentals(desired)
             pool.add_rentals(rentals, provider_errors, self.providers, previous)
             machines = pool.machines(previous)
+            # A settled run's status is read only if a machine reports one of its attempts: the
+            # report must be bound to the machine that status records.
             world = observe(machines, pool.get, names_to_watch(desired, previous, frozenset(skipped)), previous,
-                            now, cfg.parallel_machines)
+                            now, cfg.parallel_machines, recorded=lambda n: statuses.load_one(status_dir, n))
             world.rentals, world.provider_errors = rentals, provider_errors
             if rentals:
                 from . import checkpoints
@@ -126,6 +129,8 @@ class Reconciler:
                 settings.spend = self._spend(previous, now)
             plan = make_plan(desired, world, previous, now, settings, settled=frozenset(skipped),
                              missing_secrets={n: m for n, m in missing.items() if m})
+            # Secrets are only as private as the unix login the runs share: say where teams share one.
+            plan.warnings.extend(shared_login_warnings(desired, world, plan))
             result = PassResult(desired, world, plan)
             if dry_run:
                 result.duration = time.perf_counter() - t0
@@ -139,7 +144,8 @@ class Reconciler:
                                parallel=cfg.parallel_changes, machine_python=pool.python_for,
                                secret_source=self.secret_source, providers=self.providers,
                                rental_key=pool.rental_key, ssh_ready_timeout=cfg.ssh_ready_timeout,
-                               checkpoint_copy_mbps=cfg.checkpoint_copy_mbps)
+                               checkpoint_copy_mbps=cfg.checkpoint_copy_mbps,
+                               collect_limits=safetar.Limits(cfg.collect_max_bytes, cfg.collect_max_files))
             result.outcomes = apply(plan, ctx)
             if os.environ.get(CRASH_HOOK) == "apply":
                 # Test hook: die like kill -9 between launching and writing or committing status.

@@ -1,6 +1,8 @@
 """Observe: ask every machine, in parallel and with per-host timeouts, what its runs are doing.
 
-One agent call per machine reports all of its workspaces. A machine that fails to answer is marked
+One agent call per machine reports all of its workspaces. What it says passes the trust boundary
+(``boundary.py``: bounded, validated, per run) and is bound to the machine: a machine reports only
+on the runs it hosts. A machine that fails to answer, or whose answer cannot be read, is marked
 unreachable, not empty: its runs are Unknown until a grace period passes. The moment it stopped
 answering is read back from the status files' MachineReachable condition, so the grace clock
 survives a reconciler restart or a move to another VM.
@@ -8,15 +10,20 @@ survives a reconciler restart or a move to another VM.
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Callable
 
+from . import boundary
+from .boundary import ProbeReply
 from .errors import ReconcilerError
-from .observed import ObservedMachine, ObservedRun, ObservedWorld
+from .identity import parse
+from .observed import ObservedMachine, ObservedWorld
 from .spec.load import DesiredState
 from .status import TERMINAL, RunStatus, parse_iso
 
-RUN_STATES = ("running", "succeeded", "failed", "terminated", "lost", "staged", "unknown")
+RUN_STATES = boundary.RUN_STATES
+log = logging.getLogger("reconciler")
 
 
 def names_to_watch(desired: DesiredState, previous: dict[str, RunStatus],
@@ -74,53 +81,96 @@ def each(fn: Callable, items: list, parallel: int) -> list:
     return out
 
 
-def observe(machines: list[str], transport_for: Callable[[str], object], names: list[str],
-            previous: dict[str, RunStatus], now: float, parallel: int = 16) -> ObservedWorld:
-    world = ObservedWorld(at=now)
+def expected_workspace(transport, identity: str) -> str | None:
+    """Where ``identity``'s workspace is on the transport's machine, as the control plane knows it
+    (its configured root, or the root the machine's probe resolved a relative one to); None when
+    that is not known without asking the machine again."""
+    if getattr(transport, "_root", "") is None:  # an SSH root not resolved: asking costs a round trip
+        return None
+    try:
+        return transport.workspace(identity)
+    except Exception:  # noqa: BLE001 - unknown: the report is judged without it
+        return None
 
-    def one(name: str) -> ObservedMachine:
+
+def observe(machines: list[str], transport_for: Callable[[str], object], names: list[str],
+            previous: dict[str, RunStatus], now: float, parallel: int = 16,
+            recorded: Callable[[str], RunStatus | None] | None = None) -> ObservedWorld:
+    """Every machine's report, validated (``boundary.py``) and bound to the machine: a report about
+    an attempt whose status records another machine is dropped and noted on the reporting
+    machine. ``recorded``: the status of a run not in ``previous`` (a settled run's, read on demand)."""
+    world = ObservedWorld(at=now)
+    looked_up: dict[str, RunStatus | None] = {}
+
+    def handle_of(ident: str):
+        p = parse(ident)
+        if p is None:
+            return None
+        st = previous.get(p.name)
+        if st is None and recorded is not None:
+            if p.name not in looked_up:
+                looked_up[p.name] = recorded(p.name)
+            st = looked_up[p.name]
+        return st.handle if st is not None else None
+
+    def one(name: str) -> tuple[ObservedMachine, object, ProbeReply | None]:
         m = ObservedMachine(name)
+        t = None
         try:
             t = transport_for(name)
             fleet_machine = getattr(getattr(t, "machine", None), "fleet_machine", None)
             avoid = getattr(fleet_machine, "foreign_gpus", "ignore") == "avoid"
             report = t.agent({"op": "probe", "names": names, **({"gpu_processes": True} if avoid else {})})
             m.round_trips = getattr(t, "round_trips", 1)
+            reply = boundary.parse_probe(report)
         except Exception as e:  # noqa: BLE001 - a probe failure must never stop the pass
-            m.reachable, m.error = False, str(e) if isinstance(e, ReconcilerError) else f"{type(e).__name__}: {e}"
+            # A reply that cannot be read at all is as good as no reply: the machine is unreachable
+            # for this pass (its runs wait out the grace), with the reason.
+            if isinstance(e, boundary.BadReply):
+                why = f"its probe answer was rejected: {e}"
+            else:
+                why = str(e) if isinstance(e, ReconcilerError) else f"{type(e).__name__}: {e}"
+            m.reachable, m.error = False, boundary.clean_text(why)
             m.unreachable_since = unreachable_since(previous, name) or now
-            return m
-        if report.get("error"):
-            m.error = report["error"]
-        drain = report.get("drain")
-        if isinstance(drain, dict):
-            m.draining = str(drain.get("reason") or "") or "drained from the machine"
-        foreign = report.get("foreign_gpus")
-        if isinstance(foreign, dict):
-            m.foreign_gpus = [g for g in foreign.get("gpus") or [] if isinstance(g, int)]
-            if foreign.get("error"):
-                m.error = (m.error + "; " if m.error else "") + str(foreign["error"])
-        for ident, r in report.get("runs", {}).items():
-            state = r.get("state")
-            if state not in RUN_STATES:
-                continue
-            m.runs[ident] = ObservedRun(
-                identity=ident, machine=name, state=state, exit_code=r.get("exit_code"),
-                finished_at=r.get("finished_at"), started_at=r.get("started_at"),
-                pid=r.get("pid"), container=r.get("container"),
-                workspace=r.get("workspace"), gpus=list(r.get("gpus") or []), collected=bool(r.get("collected")),
-                message=r.get("message", ""), progress=r.get("progress"), permanent=bool(r.get("permanent")),
-                spec_digest=r.get("spec_digest"),
-                checkpoints=[c for c in r.get("checkpoints") or [] if isinstance(c, str)],
-                queued=r.get("queued"), job=r.get("slurm_job"), heartbeat_age=r.get("heartbeat_age"),
-                gang=r.get("gang") if isinstance(r.get("gang"), dict) else None,
-            )
-        return m
+            return m, t, None
+        m.error = reply.error
+        m.draining = reply.draining
+        m.foreign_gpus = list(reply.foreign_gpus)
+        m.rejected = list(reply.rejected)
+        return m, t, reply
 
     if len(machines) == 1:
         results = [one(machines[0])]
     else:
         results = each(one, machines, parallel)
-    for m in results:
+    # Binding runs here, on the pass's thread: it may read settled runs' statuses.
+    for m, t, reply in results:
+        if reply is not None:
+            try:
+                _bind(m, t, reply, handle_of)
+            except Exception as e:  # noqa: BLE001 - never through the pass; never read as "no runs"
+                m.runs.clear()
+                m.reachable, m.error = False, boundary.clean_text(f"its report could not be checked: "
+                                                                  f"{type(e).__name__}: {e}")
+                m.unreachable_since = unreachable_since(previous, m.name) or now
         world.machines[m.name] = m
     return world
+
+
+def _bind(m: ObservedMachine, transport, reply: ProbeReply, handle_of) -> None:
+    """The machine's validated runs that it may report on, as ObservedRuns; the others noted."""
+    foreign = []
+    for ident, r in reply.runs.items():
+        why = boundary.may_report(m.name, r, handle_of(ident), expected_workspace(transport, ident))
+        if why is not None:
+            foreign.append(why)
+            continue
+        r.machine = m.name
+        m.runs[ident] = r
+    if foreign:
+        note = "reported runs it does not host: " + "; ".join(foreign[:5]) + (
+            f" (and {len(foreign) - 5} more)" if len(foreign) > 5 else "")
+        m.rejected.extend(foreign)
+        m.error = (m.error + "; " if m.error else "") + note
+    if m.rejected:
+        log.warning("machine %s: %s", m.name, "; ".join(m.rejected[:5]))

@@ -66,6 +66,9 @@ class ObservedMachine:
     round_trips: int = 0
     draining: str | None = None  # the machine's own drain flag (`reconcile agent drain`): its reason
     foreign_gpus: list[int] = field(default_factory=list)  # GPUs held by processes the reconciler did not start
+    # What its probe said that the trust boundary refused (a run it does not host, a malformed
+    # field), one reason each: the rest of its report still counts.
+    rejected: list[str] = field(default_factory=list)
 
 
 @dataclass

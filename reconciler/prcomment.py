@@ -21,6 +21,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from . import display
 from .errors import ReconcilerError
 
 MARKER = "<!-- reconcile-plan -->"
@@ -28,8 +29,10 @@ MAX_BODY = 60000  # GitHub refuses comments over 65,536 characters
 PAGE = 100
 
 
-def _cell(text: str) -> str:
-    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("<", "&lt;")
+def _cell(text) -> str:
+    # Names, reasons and warnings can carry what a machine reported (a run's message) or what a
+    # pull request wrote: shown as literal text, one line, bounded; no link, image, mention or HTML.
+    return display.md(text, 300)
 
 
 def markdown(plan, offline: bool = True, diagnostics: list[str] | None = None) -> str:
@@ -38,7 +41,7 @@ def markdown(plan, offline: bool = True, diagnostics: list[str] | None = None) -
     title = "Reconcile plan" + (" (offline: from the committed status files)" if offline else "")
     lines = [MARKER, f"### {title}", ""]
     if diagnostics:
-        lines += ["**Invalid specs**", ""] + [f"- `{_cell(d)}`" for d in diagnostics] + [""]
+        lines += ["**Invalid specs**", ""] + [f"- {_cell(d)}" for d in diagnostics] + [""]
     if not shown:
         lines.append("No changes: merging this changes nothing on the machines.")
     else:
@@ -110,10 +113,15 @@ class GitHub:
         return "created", made["id"]
 
 
+GITHUB_VARS = ("GITHUB_STEP_SUMMARY", "GITHUB_EVENT_PATH", "GITHUB_TOKEN", "GITHUB_API_URL", "GITHUB_REPOSITORY")
+
+
 def report(body: str, env: dict[str, str] | None = None) -> list[str]:
     """Post ``body`` where the workflow's environment says: the step summary, and the pull request's
     comment unless it comes from a fork. Returns what was done, one line each, for the log."""
-    env = dict(os.environ if env is None else env)
+    # Only the workflow's variables this needs, by name (GITHUB_TOKEN among them); it starts no process.
+    src = os.environ if env is None else env
+    env = {k: src[k] for k in GITHUB_VARS if k in src}
     done = []
     summary = env.get("GITHUB_STEP_SUMMARY")
     if summary:
@@ -143,6 +151,31 @@ def report(body: str, env: dict[str, str] | None = None) -> list[str]:
     return done
 
 
+def untrusted_body(text: str) -> str:
+    """A plan computed by a pull request's own code (the plan job's artifact), made fit to post
+    with a write token: bounded, one marker line first (so it is found and edited, never
+    duplicated), no control characters, and no "@" that would mention someone as the bot. Its
+    markdown stays: the table is what it shows, and it claims nothing the pull request's author
+    could not write in a comment of their own."""
+    text = "".join(ch for ch in text[:MAX_BODY] if ch in "\n\t" or (ch >= " " and ch != "\x7f"))
+    text = text.replace(MARKER, "").replace("@", "@\u200b").lstrip("\n")
+    return f"{MARKER}\n{text}" + ("" if text.endswith("\n") else "\n")
+
+
+def post_artifact(path: str, env: dict[str, str] | None = None) -> list[str]:
+    """The trusted half of the plan workflow: post the plan file ``path`` (made by the untrusted
+    job) as the pull request's comment. The pull request comes from this workflow's own event,
+    never from the file; nothing here writes the job summary (the plan job did)."""
+    env = dict(os.environ if env is None else env)
+    env.pop("GITHUB_STEP_SUMMARY", None)
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read(MAX_BODY + 1)
+    except OSError as e:
+        raise ReconcilerError(f"{path}: cannot read the plan: {e.strerror}") from None
+    return report(untrusted_body(text), env)
+
+
 def _event(path: str | None) -> dict:
     if not path:
         return {}
@@ -150,3 +183,14 @@ def _event(path: str | None) -> dict:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise ReconcilerError(f"{path}: cannot read the GitHub event: {e}") from None
+
+
+if __name__ == "__main__":  # python -m reconciler.prcomment PLAN.md (the plan workflow's comment job)
+    import sys
+
+    try:
+        for line in post_artifact(sys.argv[1]):
+            print(line)
+    except (IndexError, ReconcilerError) as e:
+        print(f"reconcile plan comment: {e if isinstance(e, ReconcilerError) else 'usage: PLAN.md'}", file=sys.stderr)
+        sys.exit(1)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from . import bundle as bundles
+from .safetar import read_plain
 from .identity import parse
 from .status import iso, load_one
 
@@ -58,9 +59,12 @@ DIFF_IGNORED = ("run.repo_head", "run.bundle_digest")
 
 
 def _load_json(path: Path) -> Any:
+    # runtime/ and artifacts/ were written by the job (a local run's are read in its workspace):
+    # a regular file only, never through a link, never a FIFO that would block the pass.
+    data = read_plain(path, 16 << 20)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return json.loads(data.decode("utf-8")) if data is not None else None
+    except ValueError:
         return None
 
 
@@ -69,9 +73,10 @@ def _iso(ts: float | None) -> str | None:
 
 
 def _read_ts(path: Path) -> float | None:
+    data = read_plain(path, 4096)
     try:
-        return float(path.read_text().strip())
-    except (OSError, ValueError):
+        return float(data.decode().strip()) if data is not None else None
+    except ValueError:
         return None
 
 
@@ -113,9 +118,10 @@ def environment(precheck: dict | None) -> dict | None:
 def gpu_inventory(audit: Path) -> dict:
     """The GPUs as the sampler saw them: its inventory line, or why NVML was unavailable."""
     out: dict[str, Any] = {"source": "artifacts/nvml-audit.jsonl"}
-    try:
-        lines = audit.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
+    data = read_plain(audit, 256 << 20)
+    if data is not None:
+        lines = data.decode("utf-8", errors="replace").splitlines()
+    else:
         return {"source": None, "available": False, "reason": "no nvml-audit.jsonl (no sampler ran)"}
     samples = 0
     for line in lines:
@@ -264,8 +270,12 @@ def summary(manifest: dict) -> dict:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def write(root: Path, collected_at: float | None = None) -> dict:
+def write(root: Path, collected_at: float | None = None, collection: dict | None = None) -> dict:
+    """Write artifacts/manifest.json; ``collection`` says what the collection left out (links,
+    FIFOs, what was over the limits), when it left anything out."""
     manifest = build(root, collected_at)
+    if collection:
+        manifest["collection"] = collection
     path = Path(root) / "artifacts" / "manifest.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(".manifest.json.tmp")

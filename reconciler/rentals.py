@@ -21,7 +21,7 @@ from typing import Callable
 from .errors import PermanentError, ReconcilerError, TemporaryError
 from .observed import ObservedRental
 from .offers import parse_rental_name
-from .providers.base import AdapterContext, adapter_for
+from .providers.base import AdapterContext, adapter_for, valid_rentals
 from .spec.load import DesiredState
 
 log = logging.getLogger("reconciler")
@@ -100,7 +100,9 @@ class Providers:
             if error is not None:
                 errors[name] = error
                 continue
-            for r in items:
+            # Every adapter's ids, checked once more here (the command adapter's come from a
+            # program's output): a bad one is left out with the reason in the log.
+            for r in valid_rentals(name, items):
                 parsed = parse_rental_name(r.name)
                 if parsed is None or parsed.namespace != namespace or r.state == "terminated":
                     continue  # not this repository's: never looked at again

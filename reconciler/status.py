@@ -139,9 +139,13 @@ def extend_curve(curve: list, progress: dict[str, Any] | None) -> list:
     step, loss = progress.get("step"), progress.get("loss")
     if isinstance(step, bool) or not isinstance(step, int) or isinstance(loss, bool) or not isinstance(loss, (int, float)):
         return curve
-    if curve and curve[-1][0] == step and curve[-1][1] == round(float(loss), 6):
+    try:
+        value = round(float(loss), 6)
+    except OverflowError:  # an int beyond the float range: no point to draw
         return curve
-    out = [tuple(p) for p in curve if p[0] < step] + [(step, round(float(loss), 6))]
+    if curve and curve[-1][0] == step and curve[-1][1] == value:
+        return curve
+    out = [tuple(p) for p in curve if p[0] < step] + [(step, value)]
     if len(out) > CURVE_POINTS:
         out = [out[0]] + out[1:-1][1::2] + [out[-1]]
     return out
@@ -473,6 +477,14 @@ def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_com
             st.artifacts.append({"path": f"... {len(arts) - 30} more (see artifacts/manifest.json)", "size": 0})
         if outcome.manifest.get("provenance"):
             st.provenance = outcome.manifest["provenance"]
+        # A collection that left entries out (links, FIFOs, over the limits) still counts; the
+        # condition says what it left out, and goes back to True once one leaves nothing out.
+        collection = outcome.manifest.get("collection")
+        if collection and collection.get("note"):
+            reason = "LimitReached" if collection.get("truncated") else "EntriesSkipped"
+            set_condition(st, "ArtifactsComplete", "False", reason, str(collection["note"])[:1000], now)
+        elif st.condition("ArtifactsComplete") is not None:
+            set_condition(st, "ArtifactsComplete", "True", "Complete", "", now)
     if obs is not None and obs.progress:
         st.progress = obs.progress
         st.loss_curve = extend_curve(st.loss_curve, obs.progress)

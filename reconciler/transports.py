@@ -29,7 +29,7 @@ def connection_key(info: MachineInfo, cfg: Config) -> tuple:
     ep = m.ssh
     return (ep.host, ep.port, ep.user, ep.identity_file, ep.host_key, info.known_hosts, info.workspace_root,
             info.docker_host, getattr(m, "connect", "ssh"), getattr(m, "tunnel_port", None),
-            cfg.ssh_connect_timeout, cfg.ssh_command_timeout)
+            cfg.ssh_connect_timeout, cfg.ssh_command_timeout, cfg.ssh_probe_timeout, cfg.ssh_max_reply_bytes)
 
 
 class TransportPool:
@@ -213,7 +213,9 @@ class TransportPool:
                         if old is not None:
                             old[1].close()
                         t = SshTransport(info, connect_timeout=self.cfg.ssh_connect_timeout,
-                                         command_timeout=self.cfg.ssh_command_timeout)
+                                         command_timeout=self.cfg.ssh_command_timeout,
+                                         probe_timeout=self.cfg.ssh_probe_timeout,
+                                         max_reply_bytes=self.cfg.ssh_max_reply_bytes)
                         if self.kept is not None:
                             t.kept = True  # its probes go to a helper kept running there; reconnects back off
                             self.kept[name] = (key, t)

@@ -165,7 +165,7 @@ def test_once_exits_1_when_an_action_of_the_pass_failed(tmp_path: Path) -> None:
 
 
 def test_once_exits_0_when_runs_only_wait(tmp_path: Path, ws_root: Path) -> None:
-    spec = run_spec("later", ["true"], extra="  secrets: [RECONCILER_TEST_UNSET_SECRET]\n")
+    spec = run_spec("later", ["true"], extra="  secrets: [RC_TEST_UNSET_SECRET]\n")
     repo = make_repo(tmp_path / "repo", {"later": spec})
     env = {"RECONCILER_WORKSPACE_ROOT": str(ws_root), "RECONCILER_NAMESPACE": "test"}
     r = run("--once", "--repo", str(repo), env=env)

@@ -80,7 +80,7 @@ def site(tmp_path):
         name="hello", phase="Succeeded", generation=1, attempt=1, message="hello-g1-a1 succeeded (exit 0)",
         handle=Handle(machine="local", identity="hello-g1-a1"),
         history=[Transition(time=t.format(3), phase="Succeeded", generation=1, attempt=1, reason="exit 0")]))
-    server = dashboard.make_server("127.0.0.1:0", dashboard.Views(repo, state))
+    server = dashboard.make_server("127.0.0.1:0", dashboard.Views(repo, state, [tmp_path / "ws"]))
     httpd.serve_in_thread(server)
     host, port = server.server_address[:2]
     yield Site(f"http://{host}:{port}", ws)

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "reconciler"
-PURE = ["reconciler.plan", "reconciler.observed", "reconciler.identity", "reconciler.spec.models",
+PURE = ["reconciler.plan", "reconciler.observed", "reconciler.identity", "reconciler.boundary", "reconciler.display",
+        "reconciler.exposure", "reconciler.spec.models",
         "reconciler.spec.resolve", "reconciler.spec.load", "reconciler.spec.checks", "reconciler.spec.yamlsafe"]
 FORBIDDEN = {"fabric", "paramiko", "git", "subprocess", "socket", "http", "urllib", "requests", "watchfiles",
              "swift", "torch"}

@@ -125,9 +125,45 @@ def test_plan_workflow_posts_the_offline_plan() -> None:
     doc = read_yaml(REPO / ".github" / "workflows" / "plan.yml")
     assert set(doc["on"]) == {"pull_request"}  # never pull_request_target: a fork's code never gets a write token
     job = doc["jobs"]["plan"]
-    assert job["permissions"] == {"contents": "read", "pull-requests": "write"}
     runs = [s.get("run", "") for s in job["steps"]]
-    assert any(r.startswith("reconcile plan --offline --github --detailed-exitcode") for r in runs), runs
+    assert any("reconcile plan --offline --github --detailed-exitcode" in r for r in runs), runs
+    assert any(s.get("uses", "").startswith("actions/upload-artifact@") for s in job["steps"])
+    post = doc["jobs"]["comment"]
+    assert post["needs"] == "plan"
+    assert any("python -m reconciler.prcomment" in s.get("run", "") for s in post["steps"])
+
+
+def _secrets_named(node: Any) -> list[str]:
+    """Every expression in ``node`` that reads a secret or the workflow's token."""
+    text = json.dumps(node)
+    return re.findall(r"\$\{\{[^}]*\b(?:secrets\.|github\.token|secrets\[)[^}]*\}\}", text)
+
+
+def test_the_job_that_runs_the_pull_requests_code_can_write_nothing() -> None:
+    doc = read_yaml(REPO / ".github" / "workflows" / "plan.yml")
+    runs_pr_code = []
+    for name, job in doc["jobs"].items():
+        checkouts = [s for s in job["steps"] if s.get("uses", "").startswith("actions/checkout@")]
+        # A checkout without a ref, in a pull_request workflow, is the pull request's merge commit.
+        if any("ref" not in (s.get("with") or {}) for s in checkouts):
+            runs_pr_code.append(name)
+            assert job["permissions"] == {"contents": "read"}, f"job {name} runs the PR's code: {job['permissions']}"
+            assert _secrets_named(job) == [], f"job {name} runs the PR's code with {_secrets_named(job)}"
+        else:
+            # Every checkout of a job with a write token names the base commit: it runs trusted code only.
+            for s in checkouts:
+                assert s["with"]["ref"] == "${{ github.event.pull_request.base.sha }}", (name, s)
+    assert runs_pr_code == ["plan"], runs_pr_code
+    writers = [n for n, j in doc["jobs"].items() if any(v == "write" for v in j["permissions"].values())]
+    assert writers == ["comment"], writers
+
+
+def test_the_write_check_would_catch_a_token_in_the_untrusted_job() -> None:
+    doc = read_yaml(REPO / ".github" / "workflows" / "plan.yml")
+    bad = doc["jobs"]["plan"]
+    bad["steps"][-1]["env"] = {"GITHUB_TOKEN": "${{ github.token }}"}
+    assert _secrets_named(bad)
+    assert _secrets_named({"env": {"K": "${{ secrets.HF_TOKEN }}"}})
 
 
 def test_tests_workflow_runs_ci_run() -> None:

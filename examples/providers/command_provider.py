@@ -8,7 +8,8 @@
 A real one would call its provider's API here (with the key from the environment variable named
 by the Provider's `credentials`). This one hands the work to the reconciler's local provider, so
 that it runs on any machine with sshd: its rentals are sshd servers on loopback, kept in
-$COMMAND_PROVIDER_STATE (default ~/.reconciler/command-provider).
+$COMMAND_PROVIDER_STATE (default ~/.reconciler/command-provider); both settings come from the
+Provider's command.env.
 """
 
 import json
@@ -19,6 +20,9 @@ from reconciler.providers.local import LocalAdapter
 from reconciler.spec.models import Offer, Provider
 
 STATE = os.environ.get("COMMAND_PROVIDER_STATE", os.path.expanduser("~/.reconciler/command-provider"))
+# The rentals' ssh key: a path, set in the Provider's command.env (the executables see no other
+# variable of the reconciler host but the base environment and the provider's credential).
+IDENTITY = os.environ.get("COMMAND_PROVIDER_IDENTITY_FILE") or os.environ.get("COMMAND_PROVIDER_KEY")
 TEMPFAIL = 75  # "try again later"
 
 
@@ -26,8 +30,7 @@ def adapter(offers=()):
     doc = {"apiVersion": "reconciler/v1", "kind": "Provider", "metadata": {"name": "command-example"},
            "spec": {"type": "local", "offers": list(offers) or [{"id": "any", "price_per_hour": 0}],
                     "local": {"stateDir": STATE},
-                    "ssh": {"identity_file": os.environ["COMMAND_PROVIDER_KEY"]}
-                    if os.environ.get("COMMAND_PROVIDER_KEY") else {}}}
+                    "ssh": {"identity_file": IDENTITY} if IDENTITY else {}}}
     return LocalAdapter(Provider.model_validate(doc), None)
 
 

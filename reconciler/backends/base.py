@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from .. import procenv
 from ..tasks import env_lines
 
 
@@ -54,7 +55,9 @@ class Transport(Protocol):
 
     def put_secret_file(self, workspace: str, content: bytes) -> None: ...
 
-    def fetch(self, identity: str, dest: Path) -> None: ...
+    def fetch(self, identity: str, dest: Path, limits: Any = None) -> Any:
+        """runtime/ and artifacts/ into ``dest`` as plain files and folders; a safetar.Result."""
+        ...
 
     def close(self) -> None: ...
 
@@ -75,6 +78,13 @@ class LaunchSpec:
     env: dict[str, str] = field(default_factory=dict)  # plain, launch-time environment (a node's rank and rendezvous)
 
 
+# What a job takes from the submitting environment: the base names of procenv (and Slurm's own
+# SLURM_*), never ALL. slurmctld saves a job's environment with its state, and sbatch's
+# environment is the reconciler's; the run's secrets reach the job in runtime/secrets.env (0600,
+# read once and deleted by the launch wrapper), its plain variables in scripts/env.sh.
+SLURM_EXPORT = "--export=" + ",".join(procenv.BASE)
+
+
 @dataclass
 class SlurmJob:
     """One run's request to a Slurm cluster: the template's settings and the run's resources."""
@@ -91,7 +101,7 @@ class SlurmJob:
 
     def sbatch_argv(self, identity: str, workspace: str) -> list[str]:
         argv = ["sbatch", "--parsable", f"--job-name={identity}", f"--chdir={workspace}",
-                "--output=runtime/slurm-%j.out", f"--nodes={self.nodes}", "--ntasks-per-node=1", "--export=ALL"]
+                "--output=runtime/slurm-%j.out", f"--nodes={self.nodes}", "--ntasks-per-node=1", SLURM_EXPORT]
         if self.partition:
             argv.append(f"--partition={self.partition}")
         if self.time_limit:

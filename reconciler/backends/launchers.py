@@ -12,6 +12,7 @@ import json
 import shlex
 import time
 
+from ..boundary import parse_stop
 from ..errors import PermanentError, TemporaryError
 from ..tasks import env_lines
 from .base import (WRONG_SPEC, LaunchResult, LaunchSpec, Transport, built_for_check, docker_prefix, launch_env_lines,
@@ -170,8 +171,9 @@ def _permanent(t: Transport, spec: LaunchSpec, message: str) -> None:
 
 
 def terminate(t: Transport, identity: str, workspace: str, grace: float) -> dict:
-    return t.agent({"op": "terminate", "workspace": workspace, "identity": identity, "grace": grace})
+    """Stop the instance; the machine's answer passes the trust boundary (its error bounded text)."""
+    return parse_stop(t.agent({"op": "terminate", "workspace": workspace, "identity": identity, "grace": grace}))
 
 
 def finish(t: Transport, workspace: str, remove: bool) -> dict:
-    return t.agent({"op": "finish", "workspace": workspace, "remove": remove})
+    return parse_stop(t.agent({"op": "finish", "workspace": workspace, "remove": remove}))

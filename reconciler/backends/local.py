@@ -13,6 +13,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from .. import procenv
+from .. import safetar
 from ..bundle import built_digest
 from ..errors import TemporaryError
 from ..runtime import probe as agent_module
@@ -29,9 +31,10 @@ class LocalTransport:
 
     def sh(self, script: str, timeout: float = 60.0) -> Completed:
         self.round_trips += 1
-        env = dict(os.environ)
-        if self.machine.docker_host:
-            env["DOCKER_HOST"] = self.machine.docker_host
+        # Everything a local run or docker command inherits starts here: procenv's allowlist, never
+        # this process's environment (which holds every secret of the control plane). A run gets
+        # its own declared variables and granted secrets from its bundle (scripts/launch.sh).
+        env = procenv.base({"DOCKER_HOST": self.machine.docker_host} if self.machine.docker_host else None)
         try:
             p = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=timeout, env=env,
                                stdin=subprocess.DEVNULL)
@@ -61,8 +64,8 @@ class LocalTransport:
         with os.fdopen(fd, "wb") as fh:
             fh.write(content)
 
-    def fetch(self, identity: str, dest: Path) -> None:
-        return None  # the workspace is the local bundle
+    def fetch(self, identity: str, dest: Path, limits: safetar.Limits = safetar.Limits()) -> safetar.Result:
+        return safetar.Result(complete=True)  # the workspace is the local bundle: nothing is copied
 
     def close(self) -> None:
         return None
@@ -91,12 +94,22 @@ class StagingLocalTransport(LocalTransport):
         os.replace(tmp, ws)
         return str(ws)
 
-    def fetch(self, identity: str, dest: Path) -> None:
-        """runtime/ and artifacts/ of the workspace into ``dest``, never the secrets file."""
+    def fetch(self, identity: str, dest: Path, limits: safetar.Limits = safetar.Limits()) -> safetar.Result:
+        """runtime/ and artifacts/ of the workspace into ``dest``, never the secrets file. The
+        workspace was written by the job: plain files and folders only, no link followed or
+        copied (safetar.copy_tree), as for a workspace on another machine."""
         ws = Path(self.workspace(identity))
         if not ws.is_dir():
             raise TemporaryError(f"workspace of {identity} is gone from {self.machine.name}")
+        res = safetar.Result(complete=True)
+        Path(dest).mkdir(parents=True, exist_ok=True)
         for part in ("runtime", "artifacts"):
             if (ws / part).is_dir():
-                shutil.copytree(ws / part, Path(dest) / part, symlinks=True, dirs_exist_ok=True,
-                                ignore=shutil.ignore_patterns("secrets.env", ".secrets.env.tmp"))
+                safetar.copy_tree(ws / part, Path(dest), prefix=(part,), keep=_no_secrets,
+                                  limits=limits, result=res)
+        return res
+
+
+def _no_secrets(parts: tuple[str, ...]) -> str | None:
+    """Never the secrets file (left out silently: it is not an artifact)."""
+    return "" if parts[-1] in ("secrets.env", ".secrets.env.tmp") else None

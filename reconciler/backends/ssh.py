@@ -12,7 +12,8 @@ connection, so its cost is one round trip:
   already has ``job.json`` is kept as is (idempotent).
 - ``put_secret_file()``: the content goes on stdin to a ``umask 077`` shell that writes it 0600 and
   renames it into place; the value is never part of a command line or a log.
-- ``fetch()``: one ``tar`` of ``runtime/`` and ``artifacts/`` on stdout, unpacked into the local bundle.
+- ``fetch()``: one ``tar`` of ``runtime/`` and ``artifacts/`` on stdout, unpacked into the local bundle
+  by ``safetar`` (the machine's tar may be anything: plain files and folders only, never through a link).
 
 Why paramiko directly and not fabric's ``Connection.run``: every command here needs binary stdin
 and stdout streamed on one channel with a deadline; fabric adds invoke's runner threads and
@@ -33,7 +34,6 @@ import posixpath
 import select
 import shlex
 import socket
-import tarfile
 import tempfile
 import threading
 import time
@@ -42,6 +42,8 @@ from pathlib import Path
 import paramiko
 
 from .. import bundle as bundles
+from .. import safetar
+from ..boundary import MAX_REPLY_BYTES, BadReply, loads as load_reply
 from ..errors import PermanentError, TemporaryError
 from ..runtime import probe as agent_module
 from .base import WRONG_SPEC, Completed, MachineInfo, built_for_check, docker_prefix
@@ -62,6 +64,7 @@ _AGENT_HASH: str | None = None
 IDLE_WAKE = 1.0  # seconds between an idle connection's reader thread's checks
 RECONNECT_MAX = 30.0  # seconds, at most, between a kept connection's attempts to reconnect
 STAGED_MISSING = 121  # the staged probe's exit code when the file for this version is not there
+STDERR_KEEP = 64 * 1024  # bytes of a command's stderr kept (its end: where the error is)
 
 
 def agent_hash() -> str:
@@ -119,7 +122,8 @@ class _RejectUnknown(paramiko.MissingHostKeyPolicy):
 
 
 class SshTransport:
-    def __init__(self, machine: MachineInfo, connect_timeout: float = 5.0, command_timeout: float = 60.0):
+    def __init__(self, machine: MachineInfo, connect_timeout: float = 5.0, command_timeout: float = 60.0,
+                 probe_timeout: float | None = None, max_reply_bytes: int = MAX_REPLY_BYTES):
         if machine.fleet_machine is None:
             raise PermanentError(f"machine {machine.name!r} has no ssh endpoint")
         self.machine = machine
@@ -132,6 +136,12 @@ class SshTransport:
         self.tunnel = tunnel
         self.connect_timeout = connect_timeout
         self.command_timeout = command_timeout
+        # A probe is short and runs every pass: a machine that does not answer it in time is
+        # unreachable for the pass, instead of holding the pass for the long command timeout.
+        self.probe_timeout = probe_timeout if probe_timeout is not None else command_timeout
+        # What one command may print when it is read into memory (a probe's reply): a machine
+        # answering with more is cut off, and the call fails.
+        self.max_reply_bytes = max_reply_bytes
         self.round_trips = 0
         self._client: paramiko.SSHClient | None = None
         self._lock = threading.Lock()
@@ -299,12 +309,15 @@ class SshTransport:
     def _resident_probe(self, args: dict) -> dict | None:
         """A probe through the machine's resident helper (``probe.py --serve`` on a channel kept
         open): one line out, one line back, no interpreter started. Started on first use once the
-        probe is staged; None whenever it cannot answer (not started, gone, timed out), and the
-        caller runs the probe the usual way (a helper that misbehaves is dropped, and started
-        again on a later pass)."""
+        probe is staged; None whenever it cannot answer (not started, gone), and the caller runs
+        the probe the usual way (a helper that misbehaves is dropped, and started again on a later
+        pass). An answer that does not come within the probe timeout, or that is larger than
+        ``max_reply_bytes`` or unreadable, fails the probe (TemporaryError): asking again the usual
+        way would only make the pass wait twice for the same machine."""
         if not self._staged or not self.kept:
             return None
-        deadline = time.monotonic() + self.command_timeout
+        deadline = time.monotonic() + self.probe_timeout
+        failure = None
         try:
             with self._resident_lock:
                 if self._resident is None:
@@ -326,19 +339,29 @@ class SshTransport:
                         if not data:
                             raise EOFError("the helper closed its output")
                         buf += data
+                        if len(buf) > self.max_reply_bytes and b"\n" not in buf:
+                            failure = f"the reply exceeded {self.max_reply_bytes} bytes; not reading more"
+                            raise EOFError(failure)
                         continue
                     if chan.exit_status_ready() or chan.closed:
                         raise EOFError("the helper exited")
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        raise TimeoutError(f"no answer in {self.command_timeout:g}s")
+                        failure = f"the probe did not answer within {self.probe_timeout:g}s"
+                        raise TimeoutError(failure)
                     select.select([chan], [], [], min(left, 1.0))
                 line, _, rest = bytes(buf).partition(b"\n")
                 self._resident_buf = bytearray(rest)
-            answer = json.loads(line.decode("utf-8", "replace"))
+            answer = load_reply(line, self.max_reply_bytes)
+        except BadReply as e:
+            with self._resident_lock:
+                self._drop_resident()
+            raise TemporaryError(f"{self.where}: its probe answer was rejected: {e}") from None
         except (paramiko.SSHException, OSError, EOFError, TimeoutError, ValueError, AttributeError):
             with self._resident_lock:
                 self._drop_resident()
+            if failure is not None:
+                raise TemporaryError(f"{self.where}: {failure}") from None
             return None
         if not isinstance(answer, dict) or "__error__" in answer:
             return None
@@ -346,9 +369,16 @@ class SshTransport:
 
     # ------------------------------------------------------------------ commands
 
-    def _exec(self, command: str, stdin: bytes | None, timeout: float, sink=None) -> tuple[int, bytes, bytes]:
+    def _exec(self, command: str, stdin: bytes | None, timeout: float, sink=None,
+              max_bytes: int | None = None) -> tuple[int, bytes, bytes]:
         """Run one command on one channel: send stdin, read stdout (into ``sink`` if given) and
-        stderr until EOF or the deadline. Returns (rc, stdout, stderr); rc 124 on timeout."""
+        stderr until EOF or the deadline. Returns (rc, stdout, stderr); rc 124 on timeout.
+
+        Stdout read into memory (no ``sink``) is bounded by ``max_bytes`` (default: the
+        transport's ``max_reply_bytes``): past it, reading stops, the channel is closed and the
+        call fails with a TemporaryError, so no machine can make the reconciler hold more. Stderr
+        keeps its last STDERR_KEEP bytes (it only ever feeds a message)."""
+        limit = self.max_reply_bytes if max_bytes is None else max_bytes
         client = self._connect()
         self.round_trips += 1
         out = bytearray()
@@ -371,8 +401,12 @@ class SshTransport:
                         sink.write(data)
                     else:
                         out += data
+                        if len(out) > limit:
+                            raise TemporaryError(f"{self.where}: the reply exceeded {limit} bytes; not reading more")
                 while chan.recv_stderr_ready():
                     err += chan.recv_stderr(1 << 16)
+                    if len(err) > STDERR_KEEP:
+                        del err[:len(err) - STDERR_KEEP]
                 if (chan.eof_received or chan.closed) and not chan.recv_ready() and not chan.recv_stderr_ready():
                     break
                 left = deadline - time.monotonic()
@@ -395,12 +429,25 @@ class SshTransport:
         return Completed(rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
 
     def agent(self, args: dict) -> dict:
-        if args.get("op") == "probe":
+        """One agent operation on the machine; its JSON answer, decoded within the boundary's
+        limits (``boundary.loads``). A probe gets the probe timeout, other operations (stopping a
+        run waits for it to end) the command timeout. What the answer says is validated by the
+        caller (``boundary.parse_probe``); only the root it resolved is learnt here, when it is a
+        plain absolute path."""
+        probing = args.get("op") == "probe"
+        timeout = self.probe_timeout if probing else self.command_timeout
+
+        def learn_root(report: dict) -> None:
+            root = report.get("root")
+            if (probing and isinstance(root, str) and root.startswith("/") and len(root) <= 1024
+                    and posixpath.normpath(root) == root and root.isprintable()):
+                self._root = root
+
+        if probing:
             args = dict(args, root=self._root or self.machine.workspace_root)
             report = self._resident_probe(args)
             if report is not None:
-                if isinstance(report.get("root"), str) and report["root"].startswith("/"):
-                    self._root = report["root"]
+                learn_root(report)
                 return report
         program, argv = agent_program(args)
         rc = None
@@ -418,7 +465,7 @@ class SshTransport:
                            f'then exit {STAGED_MISSING + 1}; fi; exec python3 "$f" {quoted}')
                 stdin = program.encode()
             env = f"export DOCKER_HOST={shlex.quote(self.machine.docker_host)}; " if self.machine.docker_host else ""
-            rc, out, err = self._exec(env + command, stdin, self.command_timeout)
+            rc, out, err = self._exec(env + command, stdin, timeout)
             if rc == STAGED_MISSING and not out:
                 self._staged, rc = None, None
                 continue
@@ -429,50 +476,72 @@ class SshTransport:
             break
         if rc is None:
             command = docker_prefix(self.machine) + "python3 - " + " ".join(shlex.quote(a) for a in argv)
-            rc, out, err = self._exec(command, program.encode(), self.command_timeout)
+            rc, out, err = self._exec(command, program.encode(), timeout)
         if rc != 0:
             tail = err.decode("utf-8", "replace").strip()[-300:]
             if rc == 127:
                 raise TemporaryError(f"{self.where}: python3 not found on the machine: {tail}")
             raise TemporaryError(f"{self.where}: agent {args.get('op')} failed (exit {rc}): {tail}")
         try:
-            report = json.loads(out.decode("utf-8", "replace"))
-        except ValueError:
-            raise TemporaryError(f"{self.where}: agent printed no JSON: {out[:200]!r}") from None
-        if args.get("op") == "probe" and isinstance(report.get("root"), str) and report["root"].startswith("/"):
-            self._root = report["root"]
+            report = load_reply(out, self.max_reply_bytes)
+        except BadReply as e:
+            raise TemporaryError(f"{self.where}: agent {args.get('op')} answer rejected: {e}") from None
+        if not isinstance(report, dict):
+            raise TemporaryError(f"{self.where}: agent {args.get('op')} answered a JSON "
+                                 f"{type(report).__name__}, not an object")
+        learn_root(report)
         return report
 
     # ------------------------------------------------------------------ files
 
-    def fetch_folder(self, identity: str, rel: str, dest: Path, sink_wrapper=None) -> None:
+    def fetch_folder(self, identity: str, rel: str, dest: Path, sink_wrapper=None,
+                     limits: safetar.Limits = safetar.Limits()) -> safetar.Result:
         """One folder of the workspace (``rel``, e.g. a checkpoint) as a tar stream into ``dest``.
-        ``sink_wrapper`` may wrap the spool file (a bandwidth limit)."""
+        ``sink_wrapper`` may wrap the spool file (a bandwidth limit). Only ``rel`` and what is under
+        it is taken, as plain files and folders (safetar)."""
+        parts = safetar.plain_parts(rel)
+        if isinstance(parts, str):
+            raise PermanentError(f"refusing to copy {safetar.printable(rel)!r} of {identity}: {parts}")
         ws = self.workspace(identity)
-        script = f"cd {shlex.quote(ws)} || exit 97\nexec tar -cf - {shlex.quote(rel)}"
+        script = f"cd {shlex.quote(ws)} || exit 97\n{_tar_create(shlex.quote('/'.join(parts)))}"
         dest = Path(dest)
         dest.mkdir(parents=True, exist_ok=True)
-        rc, err = self._untar(script, dest, dest, max(self.command_timeout, 3600.0), _plain_member, sink_wrapper)
-        if rc != 0:
-            raise TemporaryError(f"copying {rel} of {identity} from {self.where} failed (exit {rc}): {err}")
 
-    def _untar(self, script: str, spool_dir: Path, dest: Path, timeout: float, keep, sink_wrapper=None):
-        """Run ``script`` (a tar on stdout), spool its output to disk, and unpack the members that
-        ``keep`` lets through into ``dest``. Returns (exit code, stderr); nothing unpacked on failure."""
+        def keep(member: tuple[str, ...]) -> str | None:
+            return None if member[:len(parts)] == parts else f"outside {'/'.join(parts)}/"
+
+        rc, err, res = self._untar(script, dest, dest, max(self.command_timeout, 3600.0), keep, sink_wrapper, limits)
+        if res is None:
+            raise TemporaryError(f"copying {rel} of {identity} from {self.where} failed (exit {rc}): {err}")
+        return res
+
+    def _untar(self, script: str, spool_dir: Path, dest: Path, timeout: float, keep, sink_wrapper=None,
+               limits: safetar.Limits = safetar.Limits()) -> tuple[int, str, safetar.Result | None]:
+        """Run ``script`` (a tar on stdout), spool its output to disk (at most what a stream within
+        ``limits`` can be), and unpack the members that ``keep`` lets through into ``dest`` with
+        safetar, never with tarfile's extraction. Returns (exit code, stderr, result); the result is
+        None when the command failed (nothing is unpacked then, except for an exit 1 whose stream
+        turns out to be cut short: what came of it are plain files, replaced by the next fetch).
+
+        GNU tar exits 1 when a file changed while it was read (a log still being written): the
+        stream is whole all the same, so exit 1 counts when the stream ends with its end marker."""
         with tempfile.TemporaryFile(dir=spool_dir) as spool:
-            sink = sink_wrapper(spool) if sink_wrapper is not None else spool
-            rc, _, err = self._exec("sh -c " + shlex.quote(script), None, timeout, sink=sink)
-            if rc != 0:
-                return rc, err.decode("utf-8", "replace").strip()[:300]
+            sink = _BoundedSink(sink_wrapper(spool) if sink_wrapper is not None else spool, limits.spool_bytes())
+            try:
+                rc, _, err = self._exec("sh -c " + shlex.quote(script), None, timeout, sink=sink)
+            except _SpoolFull:
+                rc, err = 0, b""  # the channel is closed; what came is unpacked, as far as it goes
+            message = err.decode("utf-8", "replace").strip()[:300]
+            if rc not in (0, 1):
+                return rc, message, None
             spool.seek(0)
-            with tarfile.open(fileobj=spool, mode="r|") as tar:
-                if hasattr(tarfile, "data_filter"):
-                    tar.extractall(dest, filter=keep)
-                else:
-                    for member in tar:
-                        if keep(member, str(dest)) is not None:
-                            tar.extract(member, dest)
-        return 0, ""
+            res = safetar.unpack(spool, dest, keep=keep, limits=limits)
+            if sink.full:
+                res.truncated = True
+                res.error = ""  # cut at the limit on purpose, not damaged
+            elif rc == 1 and not res.complete:
+                return rc, message, None
+        return rc, message, res
 
     def stage(self, bundle: Path, identity: str, spec_digest: str = "") -> str:
         """Unpack the bundle as the identity's workspace, atomically. A workspace already there is
@@ -503,38 +572,60 @@ class SshTransport:
             raise TemporaryError(f"writing the secrets file on {self.where} failed (exit {rc}): "
                                  f"{err.decode('utf-8', 'replace').strip()[:200]}")
 
-    def fetch(self, identity: str, dest: Path) -> None:
-        """runtime/ and artifacts/ of the workspace, as one tar over one command, into ``dest``."""
+    def fetch(self, identity: str, dest: Path, limits: safetar.Limits = safetar.Limits()) -> safetar.Result:
+        """runtime/ and artifacts/ of the workspace, as one tar over one command, into ``dest``:
+        plain files and folders only (safetar); what was left out is in the result."""
         ws = shlex.quote(self.workspace(identity))
         script = (f"cd {ws} || exit 97\nmkdir -p runtime artifacts\n"
-                  "exec tar -cf - --exclude=runtime/secrets.env --exclude=runtime/.secrets.env.tmp runtime artifacts")
+                  + _tar_create("--exclude=runtime/secrets.env --exclude=runtime/.secrets.env.tmp runtime artifacts"))
         dest = Path(dest)
         dest.mkdir(parents=True, exist_ok=True)
-        rc, err = self._untar(script, dest.parent, dest, max(self.command_timeout, 600.0), _only_runtime_and_artifacts)
+        rc, err, res = self._untar(script, dest.parent, dest, max(self.command_timeout, 600.0),
+                                   only_runtime_and_artifacts, limits=limits)
         if rc == 97:
             raise TemporaryError(f"workspace of {identity} is gone from {self.where}")
-        if rc != 0:
+        if res is None:
             raise TemporaryError(f"fetching {identity} from {self.where} failed (exit {rc}): {err}")
+        return res
 
 
-def _plain_member(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
-    """tarfile's 'data' filter: no absolute paths, no escapes, no devices."""
-    if hasattr(tarfile, "data_filter"):
-        return tarfile.data_filter(member, path)
-    if member.name.startswith("/") or ".." in member.name.split("/") or not (member.isfile() or member.isdir()):
-        return None  # python < 3.10.12: the same rules, by hand
-    return member
+class _SpoolFull(Exception):
+    """The machine sent more than a transfer within the limits can be: the command is cut off."""
 
 
-def _only_runtime_and_artifacts(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
-    """The 'data' filter, limited to two folders and never the secrets file."""
-    member = _plain_member(member, path)
-    if member is None:
-        return None
-    top = member.name.split("/", 1)[0]
-    if top not in ("runtime", "artifacts") or member.name.endswith("secrets.env"):
-        return None
-    return member
+class _BoundedSink:
+    """A spool file wrapper that takes at most ``limit`` bytes, then ends the transfer (a machine
+    cannot fill the reconciler host's disk by answering with an endless stream)."""
+
+    def __init__(self, f, limit: int):
+        self.f, self.limit, self.n, self.full = f, limit, 0, False
+
+    def write(self, data: bytes) -> None:
+        room = self.limit - self.n
+        if len(data) > room:
+            self.f.write(data[:room])
+            self.n, self.full = self.limit, True
+            raise _SpoolFull()
+        self.f.write(data)
+        self.n += len(data)
+
+
+def _tar_create(args: str) -> str:
+    """The shell lines that write a tar of ``args`` (already quoted) to stdout. GNU tar is told to
+    go on past files it cannot read (a job's chmod 000 file must not hold a collection back); its
+    FIFOs, sockets and links are sent or left out by tar and skipped here in any case."""
+    return (f"if tar --version 2>/dev/null | grep -q 'GNU tar'; then exec tar -cf - --ignore-failed-read {args}; fi\n"
+            f"exec tar -cf - {args}")
+
+
+def only_runtime_and_artifacts(parts: tuple[str, ...]) -> str | None:
+    """Of a workspace, runtime/ and artifacts/ only, and never the secrets file (skipped silently:
+    the remote tar leaves it out already)."""
+    if parts[0] not in ("runtime", "artifacts"):
+        return "outside runtime/ and artifacts/"
+    if parts[-1].endswith("secrets.env") or parts[-1] == ".secrets.env.tmp":
+        return ""
+    return None
 
 
 __all__ = ["SshTransport", "agent_program", "agent_source"]

@@ -12,7 +12,9 @@ a timeout, a 429 or a 5xx is a ``TemporaryError`` (the pass moves on; the next o
 from __future__ import annotations
 
 import importlib
+import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal, Protocol
@@ -23,6 +25,13 @@ from ..spec.models import Offer, Provider
 # provisioning: asked for, not usable yet. running: has an SSH endpoint (sshd may still be starting).
 # failed: the provider gave up on it. terminating / terminated: on its way out, or gone.
 RentalState = Literal["provisioning", "running", "failed", "terminating", "terminated"]
+
+log = logging.getLogger("reconciler.providers")
+# A provider's id for a rental goes into API paths (``/workloads/{id}``), machine names
+# (``provider/id``), status files and logs. Every provider's ids fit this (UUIDs, hex, short
+# slugs); one that does not (a slash, a "..", a space, a control character, a novel) is refused
+# where the reply is read, so it can reach none of those.
+RENTAL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 @dataclass
@@ -101,9 +110,48 @@ def public_key(provider: Provider, ctx: AdapterContext) -> str:
         raise PermanentError(f"provider {provider.metadata.name}: cannot read {pub}: {e.strerror}") from None
 
 
+def bad_rental_id(value) -> str | None:
+    """Why ``value`` cannot be a rental id, or None when it can."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return f"the id is a {type(value).__name__}, not a string"
+    text = str(value)
+    if not RENTAL_ID.match(text):
+        shown = text[:40].encode("unicode_escape").decode("ascii")
+        return f"the id {shown!r}{'…' if len(text) > 40 else ''} is not 1-128 letters, digits, '.', '_' or '-'"
+    return None
+
+
+def rental_id(provider: str, value, what: str) -> str:
+    """``value`` as a rental id, or a ``PermanentError`` naming ``what`` (the call) and why."""
+    why = bad_rental_id(value)
+    if why is not None:
+        raise PermanentError(f"provider {provider}: {what}: {why}")
+    return str(value)
+
+
+def valid_rentals(provider: str, rentals: list["Rental"], dropped: list[str] | None = None) -> list["Rental"]:
+    """The rentals whose ids are usable; each one left out is logged with the reason (and added
+    to ``dropped`` when given)."""
+    out = []
+    for r in rentals:
+        why = bad_rental_id(r.id)
+        if why is None:
+            out.append(r)
+        else:
+            drop(provider, why, dropped)
+    return out
+
+
+def drop(provider: str, why: str, dropped: list[str] | None = None) -> None:
+    reason = f"provider {provider}: a rental in the inventory is ignored: {why}"
+    log.warning(reason)
+    if dropped is not None:
+        dropped.append(reason)
+
+
 def offer_resource(offer: Offer) -> str:
     return offer.resource or offer.id
 
 
-__all__ = ["Adapter", "AdapterContext", "Rental", "RentalState", "adapter_for", "credential", "public_key",
-           "offer_resource"]
+__all__ = ["Adapter", "AdapterContext", "RENTAL_ID", "Rental", "RentalState", "adapter_for", "bad_rental_id",
+           "credential", "drop", "public_key", "offer_resource", "rental_id", "valid_rentals"]

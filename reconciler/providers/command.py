@@ -6,15 +6,17 @@ as its last argument. A rental is ``{"id", "name", "state", "host", "port", "use
 "price_per_hour", "created_at", "offer", "message"}`` (state: provisioning, running, failed,
 terminating or terminated; created_at: unix time or ISO 8601). Exit 75 (EX_TEMPFAIL) means
 "try again later"; any other non-zero exit is a permanent error, with stderr as its message.
-Secrets reach the executables as environment variables, named by spec.credentials.
+The executables run with the base environment of procenv (PATH, HOME, locale, ...), the plain
+settings of ``command.env`` and the provider's own secret, named by spec.credentials; no other
+variable of the reconciler host.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
+from .. import procenv
 from ..errors import PermanentError, TemporaryError
 from ..spec.models import Offer, Provider
 from ..status import parse_iso
@@ -53,7 +55,9 @@ class CommandAdapter:
 
     def _run(self, argv: list[str], stdin: str, parse: bool = True):
         self.calls += 1
-        env = dict(os.environ)
+        # The base allowlist and this provider's own credential, nothing else of this process: the
+        # executable is the team's code, and must not see other providers' keys or runs' secrets.
+        env = procenv.base(self.settings.env)
         if self.provider.spec.credentials:
             value = self.ctx.secret_source(self.provider.spec.credentials)
             if value:

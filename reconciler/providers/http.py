@@ -163,6 +163,7 @@ class HttpAdapter:
         self.client = ApiClient(f"provider {provider.metadata.name}", base, {},
                                 bucket_for((self.api, base, provider.metadata.name), spec.rateLimit.requestsPerSecond,
                                            spec.rateLimit.burst))
+        self.dropped: list[str] = []  # why rentals of the last inventory were left out (bad ids)
 
     @property
     def calls(self) -> int:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from ..errors import TemporaryError
 from ..spec.models import Offer, Provider
 from ..status import parse_iso
-from .base import AdapterContext, Rental, offer_resource, public_key
+from .base import AdapterContext, Rental, offer_resource, public_key, rental_id, valid_rentals
 from .http import HttpAdapter
 
 BASE = "https://cloud.lambdalabs.com/api/v1"
@@ -64,7 +64,8 @@ class LambdaAdapter(HttpAdapter):
         ids = ((doc.get("data") or {}).get("instance_ids")) or []
         if not ids:
             raise TemporaryError(f"provider {self.provider.metadata.name}: launch returned no instance id")
-        return Rental(id=str(ids[0]), name=name, state="provisioning", offer=offer.id,
+        iid = rental_id(self.provider.metadata.name, ids[0], "launch")
+        return Rental(id=iid, name=name, state="provisioning", offer=offer.id,
                       price_per_hour=offer.price_per_hour)
 
     def inventory(self) -> list[Rental]:
@@ -89,8 +90,10 @@ class LambdaAdapter(HttpAdapter):
                               user=self.provider.spec.ssh.user, price_per_hour=price,
                               created_at=parse_iso(created) if isinstance(created, str) else None,
                               offer=offer.id if offer else None))
-        return out
+        self.dropped = []
+        return valid_rentals(self.provider.metadata.name, out, self.dropped)
 
-    def terminate(self, rental_id: str) -> None:
+    def terminate(self, rental_id_: str) -> None:
         self._auth()
-        self.client.request("POST", "/instance-operations/terminate", {"instance_ids": [rental_id]}, ok_missing=True)
+        iid = rental_id(self.provider.metadata.name, rental_id_, "terminate")
+        self.client.request("POST", "/instance-operations/terminate", {"instance_ids": [iid]}, ok_missing=True)

@@ -34,6 +34,7 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
+from .. import procenv
 from ..errors import PermanentError, TemporaryError
 from ..spec.models import Offer, Provider
 from .base import AdapterContext, Rental
@@ -200,8 +201,10 @@ class LocalAdapter:
             os.makedirs("/run/sshd", exist_ok=True)
         log = open(d / "sshd.log", "ab")
         try:
+            # procenv's base, not this process's environment: a rental logging in as the same user
+            # could read this sshd's /proc/<pid>/environ, and with it every secret of this host.
             proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=log, start_new_session=True)
+                                    stderr=log, start_new_session=True, env=procenv.base())
         finally:
             log.close()
         deadline = time.monotonic() + 10

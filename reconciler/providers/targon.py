@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 from ..errors import PermanentError, TemporaryError
 from ..spec.models import Offer, Provider
 from ..status import parse_iso
-from .base import AdapterContext, Rental, offer_resource, public_key
+from .base import AdapterContext, Rental, bad_rental_id, drop, offer_resource, public_key, rental_id
 from .http import HttpAdapter
 
 BASE = "https://api.targon.com/tha/v2"
@@ -74,6 +74,7 @@ class TargonAdapter(HttpAdapter):
         uid = (made or {}).get("uid")
         if not uid:
             raise TemporaryError(f"provider {self.provider.metadata.name}: the new workload has no uid")
+        uid = rental_id(self.provider.metadata.name, uid, "POST /workloads")  # it goes into the next URL
         deployed = self.client.request("POST", f"/workloads/{uid}/deploy", None) or {}
         price = deployed.get("cost_per_hour")
         return Rental(id=uid, name=name, state="provisioning", offer=offer.id,
@@ -88,9 +89,14 @@ class TargonAdapter(HttpAdapter):
         # with many rentals, a pass must not wait out the rate limit for all of them. A rental
         # whose endpoint is not known yet is reported running without one (unreachable this pass).
         lookups = self.provider.spec.rateLimit.burst
+        self.dropped = []
         for item in self._pages("/workloads", query):
             uid, name = item.get("uid"), item.get("name") or ""
             if not uid:
+                continue
+            why = bad_rental_id(uid)
+            if why is not None:  # never asked for its endpoint: the id would be in the URL
+                drop(self.provider.metadata.name, why, self.dropped)
                 continue
             seen.add(uid)
             state_doc = item.get("state") if isinstance(item.get("state"), dict) else {}
@@ -130,10 +136,11 @@ class TargonAdapter(HttpAdapter):
                     return self._endpoints[uid]
         return None, None
 
-    def terminate(self, rental_id: str) -> None:
+    def terminate(self, rental_id_: str) -> None:
         self._auth()
-        self.client.request("DELETE", f"/workloads/{rental_id}", ok_missing=True)
-        self._endpoints.pop(rental_id, None)
+        uid = rental_id(self.provider.metadata.name, rental_id_, "terminate")  # a status file's, maybe edited
+        self.client.request("DELETE", f"/workloads/{uid}", ok_missing=True)
+        self._endpoints.pop(uid, None)
 
     def _pages(self, path: str, query: dict | None = None):
         cursor = None

@@ -10,6 +10,9 @@
 #   - always writes runtime/result.json {state, exit_code, finished_at}: on success, failure and
 #     SIGTERM (state "terminated"),
 #   - reads the launch-time secrets file once and deletes it, so secrets never stay on disk.
+# Its environment is what the reconciler gives it (on this machine: a small base, never the
+# reconciler's own; over SSH: the login's), then the run's secrets, scripts/env.sh and
+# runtime/launch.env: a run sees its own declared variables and granted secrets, no others.
 # POSIX sh only: it also runs inside minimal containers (busybox) that have no python.
 
 ident="$1"
@@ -95,7 +98,10 @@ fi
 if [ -n "$multi" ]; then
     # One task per node; a task that fails ends the others (--kill-on-bad-exit), and scancel or
     # this wrapper's SIGTERM reaches every one of them. Output lines carry their node's rank.
-    srun --nodes="$RECONCILER_NODES" --ntasks="$RECONCILER_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \
+    # --export=ALL: the job was submitted with only the base environment (SLURM_EXPORT_ENV says
+    # so, and srun would follow it); each node's task needs this wrapper's, the run's own
+    # variables and secrets, which go to the nodes with the step, never into the saved job state.
+    srun --export=ALL --nodes="$RECONCILER_NODES" --ntasks="$RECONCILER_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \
         --label sh -c 'NODE_RANK=$SLURM_NODEID; export NODE_RANK; exec sh scripts/entrypoint.sh' \
         </dev/null >>artifacts/stdout.log 2>>artifacts/stderr.log &
 else

@@ -38,7 +38,7 @@ import sys
 import time
 
 IDENTITY = re.compile(r"^(?P<name>[a-z0-9]([-a-z0-9]*[a-z0-9])?)-g(?P<gen>[0-9]+)-a(?P<attempt>[0-9]+)"
-                      r"(-n[0-9]+)?$")  # identity.py's: a node of a run on several machines ends in -n<rank>
+                      r"(-n[0-9]+)?\Z")  # identity.py's: a node of a run on several machines ends in -n<rank>
 TAIL_BYTES = 8192
 PRECHECK_EXIT = 3  # precheck.py: the environment does not match the spec
 DRAIN_FILE = os.path.join("~", ".reconciler", "drain")
@@ -92,6 +92,12 @@ def group_alive(pgid, identity, groups=None):
     return any(_mentions(pid, identity) for pid in members)
 
 
+# The longest any one tool may take to answer a probe: well inside the reconciler's probe timeout
+# (ssh_probe_timeout, 30 s by default), so a hung docker or squeue makes its runs "unknown" instead
+# of making the whole machine unreachable (after a grace, its runs would be declared lost).
+TOOL_TIMEOUT = 15
+
+
 def _docker_states(names):
     if not names:
         return {}
@@ -99,7 +105,7 @@ def _docker_states(names):
         proc = subprocess.run(
             ["docker", "inspect", "--type", "container", "--format",
              '{{.Name}} {{.State.Status}} {{.State.ExitCode}} {{.State.Running}}'] + sorted(names),
-            capture_output=True, text=True, timeout=30,
+            capture_output=True, text=True, timeout=TOOL_TIMEOUT,
         )
     except (OSError, subprocess.TimeoutExpired) as e:
         return {"__error__": str(e)}
@@ -107,7 +113,9 @@ def _docker_states(names):
     for line in proc.stdout.splitlines():
         parts = line.split()
         if len(parts) == 4:
-            out[parts[0].lstrip("/")] = {"status": parts[1], "exit_code": int(parts[2]), "running": parts[3] == "true"}
+            code = parts[2].lstrip("-")
+            code = int(parts[2]) if code.isascii() and code.isdigit() and len(code) <= 10 else -1
+            out[parts[0].lstrip("/")] = {"status": parts[1][:40], "exit_code": code, "running": parts[3] == "true"}
     return out
 
 
@@ -118,8 +126,16 @@ def _iso(ts):
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
+MAX_NUMBER = 1e30  # a progress number beyond this (or NaN, or an infinity) is garbage, not a value
+
+
 def _num(v):
-    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    """A finite number of sane size, else None: a job's log may say NaN, 1e999 or 10**4000."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    if isinstance(v, int):
+        return v if -MAX_NUMBER < v < MAX_NUMBER else None
+    return v if v == v and -MAX_NUMBER < v < MAX_NUMBER else None
 
 
 def normalize_progress(rec, updated_at):
@@ -133,13 +149,11 @@ def normalize_progress(rec, updated_at):
         return None
     step = max_steps = None
     gm = rec.get("global_step/max_steps")
-    if isinstance(gm, str) and "/" in gm:
+    if isinstance(gm, str) and "/" in gm and len(gm) < 64:
         a, _, b = gm.partition("/")
-        if a.strip().isdigit():
-            step = int(a)
-        if b.strip().isdigit():
-            max_steps = int(b)
-    if step is None and isinstance(rec.get("step"), int):
+        step, max_steps = _small_int(a, 15), _small_int(b, 15)
+    if step is None and isinstance(rec.get("step"), int) and not isinstance(rec.get("step"), bool) \
+            and 0 <= rec["step"] < 10**15:
         step = rec["step"]
     out = {"step": step, "max_steps": max_steps, "loss": rec["loss"], "learning_rate": _num(rec.get("learning_rate")),
            "epoch": _num(rec.get("epoch")), "updated_at": _iso(updated_at) if updated_at is not None else None}
@@ -166,7 +180,7 @@ def _last_step_line(path, limit=PROGRESS_SCAN_LIMIT):
                     continue
                 try:
                     rec = json.loads(line.decode("utf-8", "replace"))
-                except ValueError:
+                except (ValueError, RecursionError):  # ValueError: also an over-long integer
                     continue
                 if isinstance(rec, dict) and _num(rec.get("loss")) is not None:
                     return rec
@@ -202,10 +216,11 @@ def _precheck_failure(ws):
         return None
     try:
         rep = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if isinstance(rep, dict) and rep.get("ok") is False:
-        return str(rep.get("reason") or "precheck failed")
+        reason = rep.get("reason")
+        return reason[:280] if isinstance(reason, str) and reason else "precheck failed"
     return None
 
 
@@ -236,6 +251,9 @@ def _walk(base, depth):
 
 
 def probe(root, names=None, now=None):
+    """Every interesting workspace under ``root``, judged one by one: whatever one workspace's
+    files hold (a job writes them), reading them can fail only that workspace's entry (state
+    ``unknown`` with the reason), never the probe and so never the other runs on the machine."""
     now = time.time() if now is None else now
     root = os.path.abspath(os.path.expanduser(root))  # relative roots are under the login's home
     names = set(names or ())
@@ -247,7 +265,7 @@ def probe(root, names=None, now=None):
     except OSError as e:
         result["error"] = f"cannot list {root}: {e}"
         return result
-    groups = None
+    scan = {}  # the /proc scan, made once, on first need
     pending_docker = {}
     pending_slurm = []
     for entry in entries:
@@ -255,94 +273,37 @@ def probe(root, names=None, now=None):
         if not m:
             continue
         ws = os.path.join(root, entry)
-        rt = os.path.join(ws, "runtime")
-        result_text = _read(os.path.join(rt, "result.json"))
-        collected = os.path.exists(os.path.join(rt, "collected"))
-        if m.group("name") not in names and result_text is not None and collected:
-            continue
-        run = {"workspace": ws, "collected": collected}
-        job = _read(os.path.join(ws, "job.json"))
-        if job:
-            try:
-                payload = json.loads(job).get("payload", {})
-                run["gpus"] = payload.get("gpus", [])
-                run["spec_digest"] = payload.get("spec_digest")
-                if payload.get("gang"):  # {rank, of, machines}: one node of a run on several machines
-                    run["gang"] = payload["gang"]
-            except (ValueError, AttributeError):
-                pass
-        started = _read(os.path.join(rt, "started_at"))
-        if started and started.strip().isdigit():
-            run["started_at"] = float(started.strip())
         try:
-            run["heartbeat_age"] = round(now - os.stat(os.path.join(rt, "heartbeat")).st_mtime, 3)
-        except OSError:
-            pass
-        container = _read(os.path.join(rt, "container"))
-        slurm = _read(os.path.join(rt, "slurm.json")) if result_text is None else None
-        if result_text is not None:
-            try:
-                res = json.loads(result_text)
-                run["state"] = res.get("state", "failed")
-                run["exit_code"] = res.get("exit_code")
-                run["finished_at"] = res.get("finished_ts")
-                why = res.get("message") or (_read(os.path.join(rt, "launch.err"), 600) or "").strip()
-                if why and run["state"] != "succeeded":
-                    run["message"] = why[:300]
-                if res.get("permanent"):  # the launcher found the instance can never start
-                    run["permanent"] = True
-            except ValueError:
-                run["state"], run["message"] = "failed", "runtime/result.json is not valid JSON"
-        elif container:
-            run["container"] = container.strip()
+            found = _workspace(entry, m.group("name"), ws, names, now, scan)
+        except Exception as e:  # noqa: BLE001 - one workspace's files must not stop the probe
+            found = (_unreadable(ws, e), None)
+        if found is None:
+            continue
+        run, pending = found
+        if pending == "docker":
             pending_docker[run["container"]] = (entry, run)
-        elif slurm is not None:
-            pending_slurm.append((entry, ws, run, slurm))
-        else:
-            pid_text = _read(os.path.join(rt, "pid"))
-            if pid_text and pid_text.strip().isdigit():
-                run["pid"] = int(pid_text.strip())
-                if groups is None:
-                    groups = _process_groups()
-                run["state"] = "running" if group_alive(run["pid"], entry, groups) else "lost"
-            else:
-                launched = _read(os.path.join(rt, "launched_at"))
-                if launched is None:
-                    # Staged, never started (a launch refused before starting it, or a crash
-                    # between staging and launching): nothing ran, so nothing was lost.
-                    run["state"] = "staged"
-                else:
-                    # Launched moments ago and the wrapper has not written its pid yet: still starting.
-                    young = launched.strip().replace(".", "", 1).isdigit() and now - float(launched) < 30
-                    run["state"] = "running" if young else "lost"
-                    if not young:
-                        run["message"] = "no pid and no result: the launch never started"
-        if run.get("state") == "failed" and run.get("exit_code") == PRECHECK_EXIT:
-            reason = _precheck_failure(ws)
-            if reason:
-                run["message"], run["permanent"] = "precheck failed: " + reason, True
-        state = run.get("state")
-        if m.group("name") in names and (state in ("running", None)
-                                         or state in ("succeeded", "failed") and not run["collected"]):
-            prog = _progress(ws)
-            if prog:
-                run["progress"] = prog
-            if state in ("running", None):
-                ckpts = _checkpoints(ws)
-                if ckpts:
-                    run["checkpoints"] = ckpts
+        elif pending is not None:
+            pending_slurm.append((entry, ws, run, pending))
         result["runs"][entry] = run
     if pending_slurm:
-        _slurm_runs(pending_slurm, now)
+        try:
+            _slurm_runs(pending_slurm, now)
+        except Exception as e:  # noqa: BLE001
+            for _, ws, run, _ in pending_slurm:
+                if run.get("state") is None:
+                    run.update(_unreadable(ws, e))
     if pending_docker:
-        states = _docker_states(pending_docker)
+        try:
+            states = _docker_states(pending_docker)
+        except Exception as e:  # noqa: BLE001 - docker's answer could not be read: cannot tell
+            states = {"__error__": "cannot read docker's answer: %s: %s" % (type(e).__name__, e)}
         err = states.pop("__error__", None)
         for cname, (entry, run) in pending_docker.items():
             st = states.get(cname)
             if st is None:
                 # No container and no result: gone (removed, or the daemon lost it).
                 run["state"] = "unknown" if err else "lost"
-                run["message"] = err or "container not found and no result"
+                run["message"] = (err or "container not found and no result")[:300]
             elif st["running"]:
                 run["state"] = "running"
             else:
@@ -351,6 +312,150 @@ def probe(root, names=None, now=None):
                 run["exit_code"] = st["exit_code"]
                 run["message"] = f"container {st['status']} without a result (exit {st['exit_code']})"
     return result
+
+
+def _unreadable(ws, e):
+    """The entry of a workspace whose files could not be read: neither alive nor dead."""
+    return {"workspace": ws, "state": "unknown", "collected": False,
+            "message": ("the probe could not read this workspace: %s: %s" % (type(e).__name__, e))[:300]}
+
+
+def _small_int(text, digits=10):
+    """A non-negative decimal integer of at most ``digits`` digits (a job may write anything in
+    its files: a 5,000-digit number must not reach int(), which refuses more than 4,300)."""
+    text = text.strip() if isinstance(text, str) else ""
+    if 0 < len(text) <= digits and text.isascii() and text.isdigit():
+        return int(text)
+    return None
+
+
+def _timestamp(text):
+    """Unix seconds from a file the wrapper wrote ("1700000000" or "1700000000.25"), or None."""
+    text = text.strip() if isinstance(text, str) else ""
+    if not text or len(text) > 24 or not text.replace(".", "", 1).isascii() or not text.replace(".", "", 1).isdigit():
+        return None
+    t = float(text)
+    return t if 0 <= t < MAX_TIME else None
+
+
+MAX_TIME = 1e11  # unix seconds far beyond any real clock: a larger "time" is garbage
+RESULT_STATES = ("succeeded", "failed", "terminated")
+
+
+def _result(res, rt):
+    """The fields of a parsed runtime/result.json. Anything but an object with a known state is
+    not a result the wrapper wrote: the run failed, and the message says why."""
+    if not isinstance(res, dict):
+        return {"state": "failed", "message": "runtime/result.json is not a JSON object"}
+    out = {}
+    state = res.get("state", "failed")
+    if state not in RESULT_STATES:
+        out["state"], out["message"] = "failed", "runtime/result.json has no known state"
+    else:
+        out["state"] = state
+    code = res.get("exit_code")
+    out["exit_code"] = code if isinstance(code, int) and not isinstance(code, bool) and -2**31 <= code < 2**31 else None
+    fin = _num(res.get("finished_ts"))
+    out["finished_at"] = fin if fin is not None and 0 <= fin < MAX_TIME else None
+    if "message" not in out:
+        why = res.get("message")
+        why = why if isinstance(why, str) and why else (_read(os.path.join(rt, "launch.err"), 600) or "").strip()
+        if why and out["state"] != "succeeded":
+            out["message"] = why[:300]
+    if res.get("permanent") is True:  # the launcher found the instance can never start
+        out["permanent"] = True
+    return out
+
+
+def _workspace(entry, name, ws, names, now, scan):
+    """One workspace's entry and what is left to ask about it ("docker", the Slurm record, or
+    None); None to leave it out (a collected workspace of a run not asked for)."""
+    rt = os.path.join(ws, "runtime")
+    result_text = _read(os.path.join(rt, "result.json"))
+    collected = os.path.exists(os.path.join(rt, "collected"))
+    if name not in names and result_text is not None and collected:
+        return None
+    run = {"workspace": ws, "collected": collected}
+    pending = None
+    job = _read(os.path.join(ws, "job.json"), 1 << 20)
+    if job:
+        try:
+            payload = json.loads(job).get("payload", {})
+            gpus = payload.get("gpus", [])
+            run["gpus"] = [g for g in gpus if isinstance(g, int)][:64] if isinstance(gpus, list) else []
+            digest = payload.get("spec_digest")
+            run["spec_digest"] = digest if isinstance(digest, str) and len(digest) < 200 else None
+            gang = payload.get("gang")
+            if gang and isinstance(gang, dict):  # {rank, of, machines}: one node of a run on several machines
+                machines = gang.get("machines")
+                run["gang"] = {"rank": gang.get("rank"), "of": gang.get("of"),
+                               "machines": [str(x)[:253] for x in machines[:1024]] if isinstance(machines, list) else []}
+        except (ValueError, AttributeError, RecursionError):
+            pass
+    started = _timestamp(_read(os.path.join(rt, "started_at"), 64))
+    if started is not None:
+        run["started_at"] = started
+    try:
+        run["heartbeat_age"] = round(now - os.stat(os.path.join(rt, "heartbeat")).st_mtime, 3)
+    except OSError:
+        pass
+    container = _read(os.path.join(rt, "container"), 256)
+    slurm = _read(os.path.join(rt, "slurm.json")) if result_text is None else None
+    if result_text is not None:
+        try:
+            res = json.loads(result_text)
+        except (ValueError, RecursionError):  # ValueError: also a number over the int-digits limit
+            run["state"], run["message"] = "failed", "runtime/result.json is not valid JSON"
+        else:
+            run.update(_result(res, rt))
+    elif container:
+        run["container"] = container.strip()
+        pending = "docker"
+    elif slurm is not None:
+        pending = slurm
+    else:
+        pid = _small_int(_read(os.path.join(rt, "pid"), 64))
+        if pid is not None and pid > 0:
+            run["pid"] = pid
+            if "groups" not in scan:
+                scan["groups"] = _process_groups()
+            run["state"] = "running" if group_alive(pid, entry, scan["groups"]) else "lost"
+        else:
+            launched = _read(os.path.join(rt, "launched_at"), 64)
+            if launched is None:
+                # Staged, never started (a launch refused before starting it, or a crash
+                # between staging and launching): nothing ran, so nothing was lost.
+                run["state"] = "staged"
+            else:
+                # Launched moments ago and the wrapper has not written its pid yet: still starting.
+                at = _timestamp(launched)
+                young = at is not None and now - at < 30
+                run["state"] = "running" if young else "lost"
+                if not young:
+                    run["message"] = "no pid and no result: the launch never started"
+    if run.get("state") == "failed" and run.get("exit_code") == PRECHECK_EXIT:
+        reason = _precheck_failure(ws)
+        if reason:
+            run["message"], run["permanent"] = "precheck failed: " + reason[:280], True
+    state = run.get("state")
+    if name in names and (state in ("running", None)
+                          or state in ("succeeded", "failed") and not run["collected"]):
+        # Progress and checkpoints describe the run; they never decide its state. Unreadable
+        # ones are left out, and the run is reported as it is.
+        try:
+            prog = _progress(ws)
+        except Exception:  # noqa: BLE001
+            prog = None
+        if prog:
+            run["progress"] = prog
+        if state in ("running", None):
+            try:
+                ckpts = _checkpoints(ws)
+            except Exception:  # noqa: BLE001
+                ckpts = None
+            if ckpts:
+                run["checkpoints"] = ckpts[-100:]
+    return run, pending
 
 
 # Slurm job states (squeue %T). Queued: not started yet, the reason says why. Active: started, not
@@ -364,9 +469,11 @@ SLURM_STARTING = 30  # seconds a submission may take to show up in squeue
 def _slurm_env(text):
     try:
         env = json.loads(text).get("env") or {}
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         env = {}
-    return {str(k): str(v) for k, v in env.items()}
+    if not isinstance(env, dict):
+        return {}
+    return {str(k): str(v) for k, v in env.items() if isinstance(v, (str, int, float))}
 
 
 def _slurm(argv, env, timeout=30):
@@ -382,7 +489,8 @@ def slurm_jobs(names, env):
     """name → its jobs Slurm still knows, newest first: [{id, state, reason}]; None when squeue fails."""
     if not names:
         return {}
-    rc, out, err = _slurm(["squeue", "-h", "-t", "all", "-o", "%i|%j|%T|%r", "-n", ",".join(sorted(names))], env)
+    rc, out, err = _slurm(["squeue", "-h", "-t", "all", "-o", "%i|%j|%T|%r", "-n", ",".join(sorted(names))], env,
+                          TOOL_TIMEOUT)
     if rc != 0:
         return None
     jobs = {}
@@ -391,7 +499,7 @@ def slurm_jobs(names, env):
         if len(parts) == 4 and parts[1] in names:
             jobs.setdefault(parts[1], []).append({"id": parts[0], "state": parts[2], "reason": parts[3]})
     for found in jobs.values():
-        found.sort(key=lambda j: int(j["id"]) if j["id"].isdigit() else 0, reverse=True)
+        found.sort(key=lambda j: _small_int(j["id"], 18) or 0, reverse=True)
     return jobs
 
 
@@ -410,18 +518,18 @@ def _slurm_ended(run, ws, job_id, state, env):
     if text is not None:  # written between the first read and squeue's answer
         try:
             res = json.loads(text)
-            run.update(state=res.get("state", "failed"), exit_code=res.get("exit_code"),
-                       finished_at=res.get("finished_ts"))
-            return
-        except ValueError:
+        except (ValueError, RecursionError):
             pass
+        else:
+            run.update(_result(res, os.path.join(ws, "runtime")))
+            return
     info = _scontrol_job(job_id, env) if job_id else {}
     if not info and state == "gone":
         run.update(state="lost", message=f"Slurm no longer knows job {job_id} and it left no result")
         return
     state = info.get("JobState") or state
     code = info.get("ExitCode", "")
-    exit_code = int(code.split(":")[0]) if code.split(":")[0].isdigit() else None
+    exit_code = _small_int(code.split(":")[0], 9)
     if state == "CANCELLED":
         run.update(state="terminated", exit_code=143, message=f"Slurm job {job_id} was cancelled")
     else:
@@ -647,8 +755,10 @@ def drain_state(path=DRAIN_FILE):
     try:
         flag = json.loads(text)
         if isinstance(flag, dict):
-            return {"reason": str(flag.get("reason") or "")[:200], "since": flag.get("since")}
-    except ValueError:
+            since = _num(flag.get("since"))
+            reason = flag.get("reason")
+            return {"reason": reason[:200] if isinstance(reason, str) else "", "since": since}
+    except (ValueError, RecursionError):
         pass
     return {"reason": text.strip()[:200], "since": None}
 
@@ -687,9 +797,15 @@ def dispatch(args):
     op = args.get("op", "probe")
     if op == "probe":
         report = probe(args.get("root", "."), args.get("names"))
-        report["drain"] = drain_state()
+        try:
+            report["drain"] = drain_state()
+        except Exception as e:  # noqa: BLE001 - a drain flag that cannot be read still drains
+            report["drain"] = {"reason": "unreadable drain flag: %s" % type(e).__name__, "since": None}
         if args.get("gpu_processes"):
-            report["foreign_gpus"] = foreign_gpus()
+            try:
+                report["foreign_gpus"] = foreign_gpus()
+            except Exception as e:  # noqa: BLE001
+                report["foreign_gpus"] = {"error": "cannot read the GPUs' processes: %s" % type(e).__name__}
         return report
     if op == "terminate":
         return terminate(args["workspace"], args["identity"], float(args.get("grace", 10)))

@@ -148,6 +148,8 @@ def cross_checks(root: Path, files: list, locator, given: set[str] | None = None
                 known = ", ".join(sorted(c for c in classes or () if isinstance(c, str))) or "none: no Policy defines any"
                 add(f, ("spec", "priority"), f"priority class '{prio}' is not defined (known: {known})")
 
+    _check_secret_grants(checked, policies[0] if policies else None, add)
+
     machines: dict[str, Any] = {}
     for f in sorted((f for f in checked if f.kind == "Fleet"), key=lambda f: f.rel in given):
         spec = _dict(f.data.get("spec"))
@@ -179,6 +181,40 @@ def cross_checks(root: Path, files: list, locator, given: set[str] | None = None
                 add(f, ("spec", "machines", i, "resources", "gpus"), "a GPU type is listed twice; add the counts")
     _check_slurm_logins(template_files, machines, add)
     return out
+
+
+def _check_secret_grants(checked: list, policy, add) -> None:
+    """Each secret a run lists must be one the Policy grants it (spec.secrets of the Policy; no
+    rules: any name), and never one the reconciler uses itself (its settings, git's and ssh's,
+    a Provider's credential). Reported at the run's spec.secrets entry; a rule that lists a
+    reserved name literally is reported at the Policy."""
+    from .models import reserved_secret, secret_refusal
+
+    reserved = {c for f in checked if f.kind == "Provider" for c in [_at(f.data, "spec", "credentials")]
+                if isinstance(c, str)}
+    spec = _dict(policy.data.get("spec")) if policy is not None else {}
+    rules = spec.get("secrets")
+    rules = [r for r in rules if isinstance(r, dict)] if isinstance(rules, list) else None
+    label = spec.get("teamLabel") if isinstance(spec.get("teamLabel"), str) else "team"
+    for i, rule in enumerate(rules or []):
+        for j, name in enumerate(_list(rule.get("names"))):
+            if isinstance(name, str) and not any(c in name for c in "*?") and reserved_secret(name, reserved):
+                add(policy, ("spec", "secrets", i, "names", j),
+                    f"'{name}' is the reconciler's own secret and is never given to runs; remove it")
+    for f in checked:
+        if f.kind != "Run":
+            continue
+        name = _at(f.data, "metadata", "name")
+        team = _at(f.data, "metadata", "labels", label)
+        for i, secret in enumerate(_list(_at(f.data, "spec", "secrets"))):
+            if not isinstance(secret, str):
+                continue
+            why = secret_refusal(rules, name if isinstance(name, str) else "", team if isinstance(team, str) else None,
+                                 secret, reserved, label)
+            if why:
+                granted = policy is not None and rules is not None and not reserved_secret(secret, reserved)
+                where = f" ({policy.rel})" if granted else ""
+                add(f, ("spec", "secrets", i), why + where)
 
 
 def _check_slurm_logins(template_files: list, machines: dict[str, Any], add) -> None:
@@ -489,15 +525,35 @@ def input_problem(root: Path, item: str) -> str | None:
     real_root = root.resolve()
     if not real.is_relative_to(real_root):
         return f"input '{item}' is a symlink that escapes the repository"
+    into = not_user_content(real_root, real)
+    if into:  # a committed link must not bring the reconciler's own state into a bundle
+        return f"input '{item}' is or goes through a symlink to {into}, which is not user content"
     if real.is_dir():
         for dirpath, dirnames, filenames in os.walk(full):
             for name in dirnames + filenames:
                 child = Path(dirpath) / name
                 if child.is_symlink():
-                    target = child.resolve()
+                    try:
+                        target = child.resolve(strict=True)
+                    except (OSError, RuntimeError):
+                        return f"input '{item}' contains a broken or looping symlink: {child.relative_to(root)}"
                     if not target.is_relative_to(real_root):
                         return f"input '{item}' contains a symlink that escapes the repository: {child.relative_to(root)}"
+                    into = not_user_content(real_root, target)
+                    if into:
+                        return f"input '{item}' contains a symlink to {into}: {child.relative_to(root)}"
+                    if target.is_dir() and (real == target or real.is_relative_to(target)):
+                        return f"input '{item}' contains a symlink to a folder that holds it (a loop): {child.relative_to(root)}"
     return None
+
+
+def not_user_content(real_root: Path, real: Path) -> str | None:
+    """What a resolved path inside the repository is when it is not user content (the repository
+    itself, which holds .git/ and .reconciler/; .git/, .reconciler/ or status/), else None."""
+    parts = real.relative_to(real_root).parts
+    if not parts:
+        return "the repository's root"
+    return f"{parts[0]}/" if parts[0] in ("status", ".git", ".reconciler") else None
 
 
 def _check_staged_paths(root: Path, f, spec: dict, task: dict, add) -> None:

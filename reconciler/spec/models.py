@@ -14,8 +14,9 @@ need more than one file (does the template exist, is the name unique) live in ``
 
 from __future__ import annotations
 
+import fnmatch
 import re
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Iterable, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -722,6 +723,10 @@ class CommandProviderSettings(Strict):
                                  "when it is gone (also when it was gone already).",
                                  examples=[["./providers/acme.py", "terminate"]])
     timeoutSeconds: float = Field(60, gt=0, le=3600, description="Each call is killed after this long.")
+    env: EnvMap = Field(default_factory=dict, description="Plain settings for the executables (a state folder, "
+                        "a region), set in their environment; never secrets: the provider's secret is "
+                        "spec.credentials, and no other variable of the reconciler host reaches them.",
+                        examples=[{"ACME_REGION": "eu-west"}])
 
 
 PROVIDER_TYPES = ("local", "targon", "lambda", "command")
@@ -812,6 +817,31 @@ class Preemption(Strict):
                                      "not preempted.", examples=[600])
 
 
+SECRET_PATTERN = r"^[A-Za-z0-9_*?]+$"
+RUN_PATTERN = r"^[a-z0-9*?-]+$"
+# Names the reconciler itself uses (its settings, the webhook secret, git's and ssh's settings, the
+# deploy key's) are never a run's secret, whatever a Policy says; nor is a Provider's credential
+# (see reserved_secret).
+RESERVED_SECRET_PREFIXES = ("RECONCILER_", "GIT_", "SSH_")
+
+
+class SecretGrant(Strict):
+    """Which runs may ask for which secret names: a run gets a name when some rule that selects it
+    lists the name."""
+
+    names: list[Annotated[str, Field(pattern=SECRET_PATTERN, json_schema_extra={
+        "patternErrorMessage": "a variable name, or a glob of one (* and ?)"})]] = Field(
+        min_length=1, description="Secret names the selected runs may list in spec.secrets; globs allowed (NLP_*).",
+        examples=[["HF_TOKEN", "WANDB_API_KEY"], ["NLP_*"]])
+    teams: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list, description="Runs whose team label (teamLabel) is one of these. Unset: any team.",
+        examples=[["nlp"]])
+    runs: list[Annotated[str, Field(pattern=RUN_PATTERN, json_schema_extra={
+        "patternErrorMessage": "a run name, or a glob of one (* and ?)"})]] = Field(
+        default_factory=list, description="Runs whose name matches one of these globs. Unset: any run (with "
+                                          "teams: the team's runs).", examples=[["nlp-*"]])
+
+
 class PolicySpec(Strict):
     """Priorities and quotas for every run of the repository."""
 
@@ -820,6 +850,11 @@ class PolicySpec(Strict):
     teams: list[TeamQuota] = Field(default_factory=list, description="Per-team limits; a team not listed has none.")
     preemption: Preemption = Field(default_factory=Preemption, description="Preemption of lower-priority runs "
                                    "(off unless enabled).")
+    secrets: list[SecretGrant] | None = Field(
+        None, description="Which runs may ask for which secrets. Unset: any run may ask for any name but the "
+                          "reconciler's own (RECONCILER_*, GIT_*, SSH_*, Providers' credentials); set (even "
+                          "empty): only what a rule grants.",
+        examples=[[{"names": ["HF_TOKEN"], "teams": ["nlp"]}, {"names": ["NLP_*"], "runs": ["nlp-*"]}]])
 
     @model_validator(mode="after")
     def _unique(self):
@@ -834,12 +869,45 @@ class PolicySpec(Strict):
 
 
 class Policy(Strict):
-    """Priorities and team quotas: policy as code, validated in the pull request."""
+    """Priorities, team quotas and secret grants: policy as code, validated in the pull request."""
 
     apiVersion: Literal["reconciler/v1"] = Field(description="Version of the spec language.")
-    kind: Literal["Policy"] = Field(description="What this file describes: priorities and quotas.")
+    kind: Literal["Policy"] = Field(description="What this file describes: priorities, quotas and secret grants.")
     metadata: Metadata = Field(description="The policy's name (its file name); one Policy per repository.")
-    spec: PolicySpec = Field(description="Priority classes and team quotas.")
+    spec: PolicySpec = Field(description="Priority classes, team quotas and which runs may have which secrets.")
+
+
+def reserved_secret(name: str, reserved: Iterable[str] = ()) -> bool:
+    """A name the reconciler itself uses: never delivered to a run. ``reserved``: more such names
+    (the credentials Providers declare)."""
+    return name.startswith(RESERVED_SECRET_PREFIXES) or name in set(reserved)
+
+
+def secret_refusal(rules: list | None, run: str, team: str | None, name: str, reserved: Iterable[str] = (),
+                   team_label: str = "team") -> str | None:
+    """Why run ``run`` (of ``team``) may not have the secret ``name`` under ``rules`` (the Policy's
+    spec.secrets, raw dicts or SecretGrant), or None when it may.
+
+    No rules (no Policy, or no spec.secrets): any name that is not reserved. Rules: only a name
+    that some rule selecting the run lists; a rule selects a run by every selector it gives
+    (teams, runs), and every run when it gives none."""
+    if reserved_secret(name, reserved):
+        return f"secret '{name}' is the reconciler's own and is never given to runs"
+    if rules is None:
+        return None
+    for rule in rules:
+        get = rule.get if isinstance(rule, dict) else (lambda k, r=rule: getattr(r, k, None))
+        names = [n for n in get("names") or [] if isinstance(n, str)]
+        teams = [t for t in get("teams") or [] if isinstance(t, str)]
+        runs = [r for r in get("runs") or [] if isinstance(r, str)]
+        if teams and team not in teams:
+            continue
+        if runs and not any(fnmatch.fnmatchcase(run, g) for g in runs):
+            continue
+        if any(fnmatch.fnmatchcase(name, g) for g in names):
+            return None
+    who = f"run '{run}'" + (f" ({team_label} {team})" if team else f" (no {team_label} label)")
+    return f"secret '{name}' is not granted to {who} by the Policy's spec.secrets"
 
 
 KINDS: dict[str, type[BaseModel]] = {"Run": Run, "ExecutionTemplate": ExecutionTemplate, "Fleet": Fleet,

@@ -27,14 +27,14 @@ def provider(argv: list[str], **command) -> dict:
                                  "terminate": argv + ["terminate"], **command}}}
 
 
-def test_a_run_on_a_command_provider(tmp_path, monkeypatch) -> None:
+def test_a_run_on_a_command_provider(tmp_path) -> None:
     key = tmp_path / "id_acme"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    monkeypatch.setenv("COMMAND_PROVIDER_STATE", str(tmp_path / "acme-state"))
-    monkeypatch.setenv("COMMAND_PROVIDER_KEY", str(key))
     TEMPLATES.update(RENTAL_TEMPLATES)
     w = World(tmp_path / "w")
-    doc = provider([sys.executable, str(EXAMPLE)])
+    # The executables see only the base environment, their credential and these settings.
+    doc = provider([sys.executable, str(EXAMPLE)], env={"COMMAND_PROVIDER_STATE": str(tmp_path / "acme-state"),
+                                                        "COMMAND_PROVIDER_IDENTITY_FILE": str(key)})
     doc["spec"]["ssh"] = {"identity_file": str(key)}
     (w.repo / "specs" / "providers").mkdir()
     (w.repo / "specs" / "providers" / "acme.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))

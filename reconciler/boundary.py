@@ -1,0 +1,385 @@
+"""The trust boundary: everything a machine says is parsed here, bounded and validated, before the
+control plane looks at it.
+
+Machines are the untrusted half of the system. A rented machine, or the training job on it, can be
+hostile or merely broken, and what its probe prints (or what the files a job controls say) must
+never be able to crash a pass, exhaust the reconciler's memory, reach a path or a shell, or speak
+for another machine's runs. So the bytes of a probe's answer go through this module only:
+
+- ``loads``: the reply is decoded with hard limits (its size, its number of objects, arrays and
+  strings, which bound what it decodes to; nesting too deep for the decoder is caught like any
+  other undecodable reply);
+  anything over them, or not JSON, is a ``BadReply`` and the machine's observation is bad for this
+  pass (it reads as unreachable, with the reason), never an exception through the pass.
+- ``parse_probe``: the decoded value is checked shape by shape with pydantic models that are
+  lenient on unknown keys (a newer probe may say more) and strict on types and ranges. Machine
+  fields (root, drain, foreign GPUs, error) that do not validate are dropped with a note; a
+  ``runs`` that is not a mapping makes the whole reply bad.
+- Each run entry is judged on its own. Its identity must be a run identity (``identity.py``),
+  else the entry is dropped with a reason (it can be nobody's run). Fields the planner decides on
+  (state, exit code, times, pid, container, workspace, GPUs, spec digest, gang layout) must all
+  validate, else the entry becomes ``state: unknown`` with a message that says why: an invalid
+  report is neither a death nor a failure, so it can never burn a retry, fence or relaunch
+  anything; the planner waits (ObserveFailed), as it does for a docker that does not answer.
+  Dropping it instead would read as "the workspace is gone" and declare the run lost.
+  Descriptive fields (message, progress, checkpoints, heartbeat age, queue reason) are cleaned:
+  control characters stripped, lengths bounded, NaN and infinities turned into None, checkpoint
+  names that are not plain relative paths left out.
+
+Pure: no network, no process, no git (the planner's layer may import it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .identity import split
+from .observed import ObservedRun
+
+# A probe reply for 1,000 runs, each with progress and 20 checkpoints, is 1.3 MB holding 54,000
+# strings and 6,000 objects and arrays. The limits leave ten times that room or more, and keep
+# what one machine's reply decodes to within ~8x its size plus ~60 bytes per string or container
+# (a two-letter string or an empty array decodes to that much however small its text).
+MAX_REPLY_BYTES = 16 << 20
+MAX_CONTAINERS = 200_000
+MAX_STRINGS = 500_000
+MAX_RUNS = 20_000
+MAX_MESSAGE = 500
+MAX_PATH = 1024
+MAX_GPUS = 64
+MAX_GPU_INDEX = 1023
+MAX_CHECKPOINTS = 200
+MAX_GANG = 1024
+MAX_STEP = 10**15
+MAX_ABS_NUMBER = 1e30
+MAX_TIME = 1e11  # unix seconds, year ~5000: beyond is garbage
+INT32 = 2**31 - 1
+
+RUN_STATES = ("running", "succeeded", "failed", "terminated", "lost", "staged", "unknown")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]+")
+_COMPONENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._+=-]{0,127}$")
+_DIGEST = re.compile(r"^([a-z0-9]{1,16}:)?[0-9a-f]{8,128}$")
+_CONTAINER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_MACHINE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,252}$")
+_ISO = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}:?\d{2})?$")
+
+
+class BadReply(ValueError):
+    """A machine's reply that cannot be read at all (too large, not JSON, not an object)."""
+
+
+# ---------------------------------------------------------------- scalars
+
+
+def clean_text(value: Any, limit: int = MAX_MESSAGE) -> str:
+    """Text from a machine as it may be shown: control, non-printable and bidirectional-override
+    characters replaced by a space, at most ``limit`` characters. Anything but a string is no text
+    at all (rendering a hostile structure could itself be the attack)."""
+    if not isinstance(value, str):
+        return ""
+    value = value[: limit * 4]
+    if not value.isprintable():  # also lone surrogates, which no YAML or git writer takes
+        value = "".join(c if c.isprintable() else " " for c in value)
+    return _CONTROL.sub(" ", value).strip()[:limit]
+
+
+def finite(value: Any, bound: float = MAX_ABS_NUMBER) -> float | None:
+    """A finite number within ±bound, else None (never NaN or an infinity; bools are not numbers)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        f = float(value)
+    except (OverflowError, ValueError):  # an int too large for a float
+        return None
+    return f if math.isfinite(f) and abs(f) <= bound else None
+
+
+def bounded_int(value: Any, lo: int, hi: int) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if lo <= value <= hi else None
+
+
+def relative_name(value: Any) -> str | None:
+    """A workspace-relative path made of plain components (``artifacts/output/v0-x/checkpoint-50``):
+    no ``..``, no ``.``, not absolute, no backslash or control character; else None."""
+    if not isinstance(value, str) or not value or len(value) > MAX_PATH:
+        return None
+    parts = value.split("/")
+    if len(parts) > 8 or not all(_COMPONENT.fullmatch(p) for p in parts):
+        return None
+    return value
+
+
+# ---------------------------------------------------------------- decoding
+
+
+def loads(data: bytes | str, limit: int = MAX_REPLY_BYTES) -> Any:
+    """Decode a machine's JSON reply within limits; ``BadReply`` says why it cannot be."""
+    if len(data) > limit:
+        raise BadReply(f"the reply is {len(data)} bytes, over the limit of {limit}")
+    raw = data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass")
+    # Counted on the bytes (brackets inside strings count too: that only errs on the safe side).
+    containers = raw.count(b"{") + raw.count(b"[")
+    if containers > MAX_CONTAINERS:
+        raise BadReply(f"the reply holds {containers} objects or arrays, over the limit of {MAX_CONTAINERS}")
+    strings = raw.count(b'"') // 2
+    if strings > MAX_STRINGS:
+        raise BadReply(f"the reply holds {strings} strings, over the limit of {MAX_STRINGS}")
+    try:
+        return json.loads(raw.decode("utf-8", "replace"))
+    except (ValueError, RecursionError) as e:  # ValueError: also a number over the int-digits limit
+        raise BadReply(f"the reply is not JSON: {clean_text(str(e), 200)}") from None
+
+
+# ---------------------------------------------------------------- models
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=False)
+
+
+class Gang(_Lenient):
+    rank: int = Field(ge=0, lt=MAX_GANG)
+    of: int = Field(ge=1, le=MAX_GANG)
+    machines: list[str] = Field(default_factory=list, max_length=MAX_GANG)
+
+    @field_validator("machines")
+    @classmethod
+    def _names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not _MACHINE.fullmatch(name):
+                raise ValueError("a machine name in the gang layout is not a machine name")
+        return v
+
+
+class RunCore(_Lenient):
+    """The fields the planner decides on: all valid, or the entry is ``unknown``."""
+
+    state: Literal["running", "succeeded", "failed", "terminated", "lost", "staged", "unknown"]
+    exit_code: int | None = Field(None, ge=-INT32 - 1, le=INT32)
+    finished_at: float | None = Field(None, ge=0, le=MAX_TIME, allow_inf_nan=False)
+    started_at: float | None = Field(None, ge=0, le=MAX_TIME, allow_inf_nan=False)
+    pid: int | None = Field(None, ge=1, le=INT32)
+    container: str | None = Field(None, pattern=_CONTAINER.pattern)
+    workspace: str | None = Field(None, min_length=1, max_length=MAX_PATH)
+    gpus: list[int] = Field(default_factory=list, max_length=MAX_GPUS)
+    collected: bool = False
+    permanent: bool = False
+    spec_digest: str | None = Field(None, pattern=_DIGEST.pattern)
+    slurm_job: str | None = Field(None, pattern=r"^[0-9A-Za-z_.+-]{1,64}$")
+    gang: Gang | None = None
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, v: list[int]) -> list[int]:
+        if any(not 0 <= g <= MAX_GPU_INDEX for g in v):
+            raise ValueError(f"a GPU index is out of 0..{MAX_GPU_INDEX}")
+        return v
+
+    @field_validator("workspace")
+    @classmethod
+    def _workspace(cls, v: str | None) -> str | None:
+        if v is not None and (not v.startswith("/") or not v.isprintable() or _CONTROL.search(v)
+                              or "/../" in v + "/" or "/./" in v + "/"):
+            raise ValueError("not a plain absolute path")
+        return v
+
+
+# A validated run entry is an ObservedRun whose machine is filled in once the report is bound to
+# the machine that made it (observe.py).
+RunReport = ObservedRun
+
+
+@dataclass
+class ProbeReply:
+    """A machine's validated answer: its own fields, its runs, and what was refused and why."""
+
+    root: str | None = None
+    error: str = ""
+    draining: str | None = None
+    foreign_gpus: list[int] = field(default_factory=list)
+    runs: dict[str, RunReport] = field(default_factory=dict)
+    rejected: list[str] = field(default_factory=list)  # "<what>: <why>", one per refused item
+
+
+PROGRESS_INTS = ("step", "max_steps")
+PROGRESS_FLOATS = ("loss", "learning_rate", "epoch")
+
+
+def clean_progress(value: Any) -> dict[str, Any] | None:
+    """The progress keys the control plane knows, each a bounded finite number (or None), and
+    ``updated_at`` an ISO time; anything else is left out. None when nothing usable is left."""
+    if not isinstance(value, dict):
+        return None
+    out: dict[str, Any] = {}
+    for k in PROGRESS_INTS:
+        v = value.get(k)
+        out[k] = bounded_int(v, 0, MAX_STEP)
+    for k in PROGRESS_FLOATS:
+        out[k] = finite(value.get(k))
+    at = value.get("updated_at")
+    out["updated_at"] = at if isinstance(at, str) and len(at) <= 40 and _ISO.fullmatch(at) else None
+    if all(v is None for v in out.values()):
+        return None
+    return out
+
+
+def _why(e: ValidationError) -> str:
+    first = e.errors(include_url=False)[0]
+    where = ".".join(str(p) for p in first["loc"]) or "entry"
+    return clean_text(f"{where}: {first['msg']}", 200)
+
+
+def parse_run(identity: str, raw: Any) -> RunReport:
+    """One run entry → a RunReport; an invalid entry → state ``unknown`` with the reason."""
+    if not isinstance(raw, dict):
+        return RunReport(identity, "", "unknown", message=f"the machine's report of {identity} is not an object")
+    try:
+        core = RunCore.model_validate(raw)
+    except ValidationError as e:
+        # Its workspace is kept when it is itself valid: it still says which machine's root holds it.
+        try:
+            ws = RunCore.model_validate({"state": "unknown", "workspace": raw.get("workspace")}).workspace
+        except ValidationError:
+            ws = None
+        return RunReport(identity, "", "unknown", workspace=ws,
+                         message=f"the machine's report of {identity} is invalid ({_why(e)})")
+    gang = core.gang
+    if gang is not None:
+        node = split(identity)[1]
+        if node is None or node != gang.rank or gang.rank >= gang.of or len(gang.machines) not in (0, gang.of):
+            return RunReport(identity, "", "unknown",
+                             message=f"the machine's report of {identity} has an inconsistent gang layout")
+    checkpoints: list[str] = []
+    listed = raw.get("checkpoints")
+    for c in listed if isinstance(listed, list) else ():
+        name = relative_name(c)
+        if name is not None:
+            checkpoints.append(name)
+        if len(checkpoints) >= MAX_CHECKPOINTS:
+            break
+    heartbeat = finite(raw.get("heartbeat_age"), MAX_TIME)
+    queued = raw.get("queued")
+    return RunReport(
+        identity=identity, machine="", state=core.state, exit_code=core.exit_code, finished_at=core.finished_at,
+        started_at=core.started_at, pid=core.pid, container=core.container, workspace=core.workspace,
+        gpus=list(core.gpus), collected=core.collected, message=clean_text(raw.get("message") or ""),
+        progress=clean_progress(raw.get("progress")), permanent=core.permanent, spec_digest=core.spec_digest,
+        checkpoints=checkpoints, queued=clean_text(queued, 200) if queued is not None else None,
+        job=core.slurm_job, heartbeat_age=heartbeat,
+        gang=gang.model_dump() if gang is not None else None)
+
+
+def parse_probe(report: Any) -> ProbeReply:
+    """A decoded probe reply → ProbeReply. ``BadReply`` only when the reply as a whole is unusable
+    (not an object, or its runs not a mapping); every smaller fault is dropped or made unknown."""
+    if not isinstance(report, dict):
+        raise BadReply(f"the reply is a JSON {type(report).__name__}, not an object")
+    runs = report.get("runs", {})
+    if not isinstance(runs, dict):
+        raise BadReply(f"'runs' is a JSON {type(runs).__name__}, not an object")
+    if len(runs) > MAX_RUNS:
+        raise BadReply(f"the reply lists {len(runs)} runs, over the limit of {MAX_RUNS}")
+    out = ProbeReply()
+    root = report.get("root")
+    if (isinstance(root, str) and root.startswith("/") and len(root) <= MAX_PATH and root.isprintable()
+            and not _CONTROL.search(root)):
+        out.root = root
+    elif root is not None:
+        out.rejected.append("root: not a plain absolute path")
+    if report.get("error"):
+        out.error = clean_text(report["error"])
+    drain = report.get("drain")
+    if isinstance(drain, dict):
+        out.draining = clean_text(drain.get("reason") or "", 200) or "drained from the machine"
+    elif drain is not None:
+        out.rejected.append("drain: not an object")
+    foreign = report.get("foreign_gpus")
+    if isinstance(foreign, dict):
+        gpus = foreign.get("gpus") or []
+        if isinstance(gpus, list):
+            out.foreign_gpus = sorted({g for g in gpus[:MAX_GPUS] if bounded_int(g, 0, MAX_GPU_INDEX) is not None})
+        if foreign.get("error"):
+            out.error = (out.error + "; " if out.error else "") + clean_text(foreign["error"])
+    elif foreign is not None:
+        out.rejected.append("foreign_gpus: not an object")
+    for ident, raw in runs.items():
+        if not isinstance(ident, str) or len(ident) > 100 or split(ident)[0] is None:
+            out.rejected.append(f"{clean_text(ident, 80)!r}: not a run identity")
+            continue
+        out.runs[ident] = parse_run(ident, raw)
+    return out
+
+
+def parse_stop(answer: Any) -> dict[str, Any]:
+    """A machine's answer to stopping or finishing a run, as the few values the control plane
+    reads: whether it was alive, was killed, was removed, and its error (clean text), if any."""
+    if not isinstance(answer, dict):
+        return {"error": "the machine's answer is not an object"}
+    out: dict[str, Any] = {k: answer.get(k) is True for k in ("was_alive", "killed", "removed")}
+    if answer.get("error"):
+        out["error"] = clean_text(answer["error"], 300) or "an error the machine could not say"
+    return out
+
+
+# ---------------------------------------------------------------- who may report what
+
+
+def may_report(machine: str, report: RunReport, handle: Any, expected_workspace: str | None) -> str | None:
+    """Whether ``machine`` may report on ``report.identity``: None when it may, else why not.
+
+    A machine speaks only for what it hosts. When the run's status records a handle for this very
+    attempt, that handle names the machine (or, for a run on several machines, each node's
+    machine): a report from anywhere else is refused, so a machine cannot fail, fence or relaunch
+    another machine's run. An attempt no status records yet (launched by a pass that died before
+    writing it, or a leftover of an earlier attempt) may be reported by the machine whose own
+    workspace root holds it: its workspace must be exactly ``<root>/<identity>`` there. A node's
+    gang layout must put that node on the reporting machine, and agree with the recorded nodes.
+    ``handle``: the run's recorded status handle (duck-typed: machine, identity, nodes), or None.
+    """
+    ident = report.identity
+    attempt = split(ident)[0]
+    gang = report.gang
+    if gang is not None and gang["machines"] and gang["machines"][gang["rank"]] != machine:
+        return f"{ident}: its gang layout puts node n{gang['rank']} on {gang['machines'][gang['rank']]}"
+    recorded = getattr(handle, "identity", None) if handle is not None else None
+    if recorded and split(recorded)[0] == attempt:
+        nodes = [n for n in (getattr(handle, "nodes", None) or []) if isinstance(n, dict)]
+        if nodes:
+            # The recorded nodes, by rank (all of them after a launch; those seen, after an adoption).
+            recorded_at = {(n["rank"] if isinstance(n.get("rank"), int) else k): n.get("machine")
+                           for k, n in enumerate(nodes)}
+            layout = gang["machines"] if gang is not None else []
+            for k, where in recorded_at.items():
+                if 0 <= k < len(layout) and layout[k] != where:
+                    return f"{ident}: its gang layout puts node n{k} on {layout[k]}, recorded on {where}"
+            mine = [n.get("machine") for n in nodes if n.get("identity") == ident]
+            if mine:
+                allowed = set(mine)
+            elif layout:  # a node not recorded, placed here by a layout that agrees with the record
+                allowed = {machine}
+            else:
+                allowed = set(recorded_at.values()) | {getattr(handle, "machine", None)}
+        else:
+            allowed = {getattr(handle, "machine", None)}
+        allowed.discard(None)
+        if allowed:
+            if machine not in allowed:
+                return f"{ident} is recorded on {', '.join(sorted(map(str, allowed)))}"
+            return None
+    if expected_workspace is None:
+        return f"{ident}: no status records it, and the machine's workspace root is not known"
+    if report.workspace != expected_workspace:
+        return f"{ident}: its workspace {clean_text(report.workspace or '', 200)!r} is not {expected_workspace!r}"
+    return None
+
+
+__all__ = ["may_report", "parse_stop", "BadReply", "ProbeReply", "RunReport", "clean_progress", "clean_text", "finite", "loads",
+           "parse_probe", "parse_run", "relative_name", "MAX_REPLY_BYTES"]
