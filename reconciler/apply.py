@@ -24,9 +24,10 @@ from .plan import LOCAL, Change, Plan
 from .spec.load import DesiredState
 from .spec.resolve import effective
 
-# Crash-safety tests only: "stage" dies right after staging, "apply" (loop) right after apply,
-# "commit" (daemon) right after the status commit.
-CRASH_HOOK = "RECONCILER_TEST_CRASH_AFTER"
+
+def _after_stage() -> None:
+    """Does nothing: a seam for the crash-safety tests (tests/faults.py replaces it with a kill),
+    between staging a bundle on its machine and starting it."""
 
 
 @dataclass
@@ -212,8 +213,7 @@ def _launch_one(c: Change, ctx: ApplyContext, entry, secrets: dict, t, identity:
 
         checkpoints.stage(saved, Path(b.path), ctx.collect_limits)
     ws = t.stage(b.path, identity, entry.digest)
-    if os.environ.get(CRASH_HOOK) == "stage":
-        os._exit(137)  # test hook: die like kill -9 between staging and starting
+    _after_stage()
     spec = LaunchSpec(identity=identity, run_name=c.name, workspace=ws, launch_mode=eff.launch_mode,
                       image=eff.image, network=eff.network, pull=eff.pull, gpus=gpus, secrets=secrets,
                       spec_digest=entry.digest, slurm=slurm_job(template, eff), env=dict(env or {}))

@@ -63,10 +63,19 @@ class Bundle:
 
 def built_digest(dest: Path) -> str | None:
     """The spec digest a bundle folder was built for (its job.json), or None when unreadable."""
+    # A workspace's job.json can have been rewritten by its job: a bounded read of a regular file
+    # (never a link or a FIFO), decoded by the boundary's parser, a digest only when it is text.
+    from .boundary import BadReply, loads
+    from .safetar import read_plain
+
+    data = read_plain(dest / "job.json", 16 << 20)
     try:
-        return json.loads((dest / "job.json").read_text(encoding="utf-8"))["payload"]["spec_digest"]
-    except (OSError, ValueError, KeyError, TypeError):
+        job = loads(data) if data is not None else None
+    except BadReply:
         return None
+    payload = job.get("payload") if isinstance(job, dict) else None
+    digest = payload.get("spec_digest") if isinstance(payload, dict) else None
+    return digest if isinstance(digest, str) and 0 < len(digest) <= 200 and digest.isprintable() else None
 
 
 def data_parallel_env(gpus: int, nodes: int = 1) -> dict[str, str]:

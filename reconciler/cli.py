@@ -273,6 +273,10 @@ def _build_command(p: argparse.ArgumentParser, name: str) -> None:
         p.add_argument("--stream", choices=["stdout", "stderr", "both"], default="both")
         p.add_argument("--lines", "-n", type=int, default=100, metavar="N",
                        help="start with the last N lines of each file (default 100; 0: all)")
+        p.add_argument("--raw", action="store_true",
+                       help="write the bytes as the job wrote them, escape sequences included; without it a "
+                       "terminal shows control characters other than newline and tab escaped (\\x1b), while "
+                       "a pipe or a file always gets the exact bytes")
         _add_command_globals(p, name, json="one JSON object per line: {\"stream\", \"line\"}")
     elif name == "provenance":
         name_arg = p.add_argument("name", metavar="NAME", help="a run, or one attempt's identity (NAME-gG-aA)")

@@ -383,4 +383,5 @@ def cmd_logs(args: argparse.Namespace) -> int:
     from .logs import follow_logs
 
     cfg = _cfg(args)
-    return follow_logs(cfg, args.name, args.stream, args.lines, args.follow, as_json=args.json)
+    return follow_logs(cfg, args.name, args.stream, args.lines, args.follow, as_json=args.json,
+                       raw=True if getattr(args, "raw", False) else None)

@@ -54,6 +54,9 @@ class Config(BaseModel):
     # The most a machine's answer read into memory (a probe reply) may hold; a larger one fails
     # that call. 1,000 runs on a machine answer in about 1 MB.
     ssh_max_reply_bytes: int = Field(16 << 20, ge=64 << 10)
+    # The reply bytes decoded at once across all machines (each decodes to up to ~8x its size):
+    # a reply waits for room before it is decoded; one larger than this fails its machine.
+    ssh_decode_budget_bytes: int = Field(128 << 20, ge=1 << 20)
     # A fresh rental's sshd may start after its provider says it runs: how long a launch waits for
     # it before leaving the run for the next pass.
     ssh_ready_timeout: float = 20.0

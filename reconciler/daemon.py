@@ -39,11 +39,9 @@ with ``WatchdogSec=``, ``WATCHDOG=1`` from a thread of its own while the loop is
 at least every ``STUCK_AFTER / 2`` seconds when idle, and a pass or fetch it is inside may last
 up to ``STUCK_AFTER`` (every remote operation has a deadline well under that).
 
-Test hooks (for the crash-safety tests; never set them in production):
-``RECONCILER_TEST_CRASH_AFTER=apply`` exits with 137 right after apply, before status is written
-(in ``loop.py``); ``=commit`` exits with 137 after the local status commit, before the push.
-``RECONCILER_TEST_HOLD_PUSH=PATH``: while PATH exists, a push waits (and touches ``PATH.held``
-to say so), so a test can move the remote under an unpushed status commit.
+Seams for the crash-safety tests: ``_after_commit`` (a pass made its local status commit, not
+pushed yet) and ``_before_push`` do nothing here; tests/faults.py replaces them to kill the
+daemon at that point or hold its push while the test moves the remote.
 """
 
 from __future__ import annotations
@@ -63,20 +61,27 @@ from . import config as configs
 from . import gitops
 from . import sdnotify
 from . import status as statuses
-from .apply import CRASH_HOOK
 from .errors import ReconcilerError, UsageError
 from .metrics import KINDS, Metrics
 
 log = logging.getLogger("reconciler.daemon")
 
-TEST_CRASH = CRASH_HOOK
-TEST_HOLD_PUSH = "RECONCILER_TEST_HOLD_PUSH"
 WATCHED = ("specs", "execution_templates")
 MIN_WAKE = 0.2  # never spin: the shortest sleep between two passes asked for by retry_after
 # The loop counts as stuck (and the systemd watchdog is left to fire) when one step of it, a pass
 # with its push or a fetch, has lasted this long: each SSH command has a deadline (collecting
 # artifacts at most 10 minutes), each git command 2 minutes.
 STUCK_AFTER = 3600.0
+
+
+def _after_commit() -> None:
+    """Does nothing: a seam for the crash-safety tests (tests/faults.py replaces it with a kill),
+    between a pass's local status commit and its push."""
+
+
+def _before_push() -> None:
+    """Does nothing: a seam for the crash-safety tests (tests/faults.py replaces it with a wait),
+    before each push of status commits."""
 
 
 # ---------------------------------------------------------------- logging
@@ -352,7 +357,7 @@ class Daemon:
         for attempt in range(retries + 1):
             if self.remote.ahead() == 0:
                 return True
-            self._test_hold_push()
+            _before_push()
             try:
                 self.remote.push()
                 self.metrics.outcome("push", True, time.time())
@@ -380,17 +385,6 @@ class Daemon:
                 return False
         return False
 
-    def _test_hold_push(self) -> None:
-        path = os.environ.get(TEST_HOLD_PUSH)
-        if not path:
-            return
-        announced = False
-        while os.path.exists(path):
-            if not announced:
-                Path(path + ".held").write_text(str(os.getpid()))
-                announced = True
-            time.sleep(0.02)
-
     # -------- one cycle
 
     def run_pass(self, why: str) -> float | None:
@@ -407,8 +401,8 @@ class Daemon:
             return None
         finally:
             self.in_pass = False
-        if result.commit and os.environ.get(TEST_CRASH) == "commit":
-            os._exit(137)  # test hook: die like kill -9 between the local commit and the push
+        if result.commit:
+            _after_commit()
         self._account_plan(result)
         errors = [o for o in result.outcomes if not o.ok]
         summary = {a: n for a, n in result.plan.summary().items() if a != "none"}

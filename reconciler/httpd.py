@@ -21,10 +21,12 @@ off and logs instead of spinning; the server keeps serving.
 
 The webhook reads at most ``WEBHOOK_MAX_BODY`` bytes: a larger ``Content-Length`` is refused
 before any of the body is read, and so is a request without a well-formed signature header. A
-signed body is accepted once: the delivery id (``X-GitHub-Delivery``) and the body's signature
-are remembered for ``REPLAY_WINDOW`` seconds (at most ``REPLAY_KEEP`` keys in all), and a push whose
-signed ``repository.pushed_at`` is older than that window is refused as stale. The delivery id is
-not covered by the signature, so the signature itself is what a replay cannot change.
+correctly signed request without a delivery id (``X-GitHub-Delivery``, which GitHub sends with
+every delivery) is refused too. A signed body is accepted once: the delivery id and the body's
+signature are remembered for ``REPLAY_WINDOW`` seconds (at most ``REPLAY_KEEP`` keys in all), and
+a push whose signed ``repository.pushed_at`` is older than that window is refused as stale. The
+delivery id is not covered by the signature, so the signature itself is what a replay cannot
+change.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 import socket
 import sys
 import threading
@@ -56,6 +59,8 @@ BODY_TIMEOUT = 10.0  # seconds for the body, in all
 ANSWER_TIMEOUT = 60.0  # seconds to compute an answer and for the client to take it
 REPLAY_WINDOW = 3600.0  # seconds a delivery is remembered (and the age past which a push is stale)
 REPLAY_KEEP = 4096  # deliveries remembered at most
+# A delivery id as GitHub writes it (a GUID), or any short plain token: never empty, never free text.
+_DELIVERY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,99}")
 _OUT_OF_FDS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 
@@ -326,12 +331,19 @@ def make_server(listen: str, ep: Endpoints) -> ThreadingHTTPServer:
                 ep.on_refused("bad or missing X-Hub-Signature-256")
                 self._json(401, {"error": "bad or missing X-Hub-Signature-256"})
                 return
-            delivery = display.clean(self.headers.get("X-GitHub-Delivery", ""), 100)
+            # GitHub sends a delivery id with every delivery ("X-GitHub-Delivery: A globally unique
+            # identifier (GUID) to identify the event", docs.github.com/en/webhooks/webhook-events-and-payloads
+            # #delivery-headers); replay protection keys on it, so a request without one is not GitHub's.
+            delivery = (self.headers.get("X-GitHub-Delivery") or "").strip()
+            if not _DELIVERY.fullmatch(delivery):
+                ep.on_refused("bad or missing X-GitHub-Delivery")
+                self._json(400, {"error": "bad or missing X-GitHub-Delivery"})
+                return
             try:
                 payload = json.loads(body) if body else {}
-            except ValueError:
+            except (ValueError, RecursionError):  # signed, but nested past what the decoder takes
                 payload = {}
-            keys = ["sig:" + header.lower()] + (["id:" + delivery] if delivery else [])
+            keys = ["sig:" + header.lower(), "id:" + delivery]
             if stale_push(payload, time.time()) or not replays.first_time(keys):
                 ep.on_refused("replayed or stale delivery")
                 self._json(409, {"error": "this delivery was already received, or is too old"})

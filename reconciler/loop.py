@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import gitops, safetar, status as statuses
-from .apply import CRASH_HOOK, ApplyContext, Outcome, apply
+from .apply import ApplyContext, Outcome, apply
 from .config import Config
 from .exposure import shared_login_warnings
 from .ledger import Ledger
@@ -30,7 +30,11 @@ from .transports import TransportPool
 
 log = logging.getLogger("reconciler")
 FULL_GC_EVERY = 50
-# For crash-safety tests only: CRASH_HOOK=apply exits abruptly right after apply.
+
+
+def _after_apply() -> None:
+    """Does nothing: a seam for the crash-safety tests (tests/faults.py replaces it with a kill),
+    between applying a plan (runs launched) and writing any status."""
 
 
 @dataclass
@@ -147,9 +151,7 @@ class Reconciler:
                                checkpoint_copy_mbps=cfg.checkpoint_copy_mbps,
                                collect_limits=safetar.Limits(cfg.collect_max_bytes, cfg.collect_max_files))
             result.outcomes = apply(plan, ctx)
-            if os.environ.get(CRASH_HOOK) == "apply":
-                # Test hook: die like kill -9 between launching and writing or committing status.
-                os._exit(137)
+            _after_apply()
         finally:
             pool.close()
         by_name = {o.name: o for o in result.outcomes if not o.side}

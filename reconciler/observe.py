@@ -120,9 +120,12 @@ def observe(machines: list[str], transport_for: Callable[[str], object], names: 
             t = transport_for(name)
             fleet_machine = getattr(getattr(t, "machine", None), "fleet_machine", None)
             avoid = getattr(fleet_machine, "foreign_gpus", "ignore") == "avoid"
-            report = t.agent({"op": "probe", "names": names, **({"gpu_processes": True} if avoid else {})})
+            # The decoded reply keeps its share of the decoding budget until it is checked (and
+            # dropped): what parallel probes hold at once stays within ssh_decode_budget_bytes.
+            with boundary.REPLY_BUDGET.scope():
+                reply = boundary.parse_probe(
+                    t.agent({"op": "probe", "names": names, **({"gpu_processes": True} if avoid else {})}))
             m.round_trips = getattr(t, "round_trips", 1)
-            reply = boundary.parse_probe(report)
         except Exception as e:  # noqa: BLE001 - a probe failure must never stop the pass
             # A reply that cannot be read at all is as good as no reply: the machine is unreachable
             # for this pass (its runs wait out the grace), with the reason.

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from . import bundle as bundles
+from .boundary import MAX_STEP, MAX_TIME, BadReply, clean_progress, clean_text, finite, loads
 from .safetar import read_plain
 from .identity import parse
 from .status import iso, load_one
@@ -58,25 +59,72 @@ ENV_INSTANCE_KEYS = ("CUDA_VISIBLE_DEVICES", "RECONCILER_PYTHON")
 DIFF_IGNORED = ("run.repo_head", "run.bundle_digest")
 
 
-def _load_json(path: Path) -> Any:
+# What a job can write into the files read here is any JSON, or none: each file is decoded by the
+# trust boundary's parser (bounded sizes, counts and nesting), must hold the expected top-level
+# type, and its text and numbers are made plain (no control character or lone surrogate, finite
+# numbers only) before they reach the manifest, its digest or a status. A file that fails leaves
+# its fields out and says why under ``run.unreadable``; nothing here raises on a file's content.
+JSON_LIMIT = 16 << 20
+TEXT_LIMIT = 1000
+NEST_LIMIT = 16
+
+
+def plain(value: Any, depth: int = 0) -> Any:
+    """Decoded JSON from a job, as the manifest may hold it: text cleaned and bounded, numbers
+    finite (else None), nesting cut at NEST_LIMIT."""
+    if isinstance(value, str):
+        return clean_text(value, TEXT_LIMIT)
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return value if -MAX_STEP <= value <= MAX_STEP else None
+    if isinstance(value, float):
+        return finite(value)
+    if depth >= NEST_LIMIT:
+        return None
+    if isinstance(value, dict):
+        return {clean_text(k, 200): plain(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v, depth + 1) for v in value]
+    return None
+
+
+def _obj(value: Any) -> dict:
+    """``value`` when it is a mapping, else an empty one (a job's JSON has any shape)."""
+    return value if isinstance(value, dict) else {}
+
+
+def read_json(path: Path, kind: type = dict, limit: int = JSON_LIMIT) -> tuple[Any, str | None]:
+    """A JSON file the job could write: (its plain value, None), or (None, why) when it is absent,
+    not a regular file, too large, not JSON or not a ``kind`` at its top."""
     # runtime/ and artifacts/ were written by the job (a local run's are read in its workspace):
     # a regular file only, never through a link, never a FIFO that would block the pass.
-    data = read_plain(path, 16 << 20)
+    data = read_plain(path, limit)
+    if data is None:
+        return None, "absent, not a regular file, or over the size limit"
     try:
-        return json.loads(data.decode("utf-8")) if data is not None else None
-    except ValueError:
-        return None
+        value = loads(data, limit)
+    except BadReply as e:
+        return None, clean_text(str(e), 200)
+    if not isinstance(value, kind):
+        return None, f"not a JSON {'object' if kind is dict else kind.__name__}"
+    return plain(value), None
 
 
-def _iso(ts: float | None) -> str | None:
-    return None if ts is None else iso(float(ts))
+def _load_json(path: Path) -> Any:
+    return read_json(path)[0]
+
+
+def _iso(ts: Any) -> str | None:
+    f = finite(ts, MAX_TIME)
+    return None if f is None else iso(f)
 
 
 def _read_ts(path: Path) -> float | None:
     data = read_plain(path, 4096)
     try:
-        return float(data.decode().strip()) if data is not None else None
-    except ValueError:
+        return finite(float(data.decode().strip()), MAX_TIME) if data is not None else None
+    except (ValueError, UnicodeDecodeError):
         return None
 
 
@@ -96,21 +144,22 @@ def environment(precheck: dict | None) -> dict | None:
     """The versions the training python imported, from runtime-precheck.json (paths and hosts left out)."""
     if not isinstance(precheck, dict):
         return None
-    py = precheck.get("python") or {}
-    packages = precheck.get("packages") or {}
-    torch = precheck.get("torch") or {}
-    swift = precheck.get("swift") or {}
+    py = _obj(precheck.get("python"))
+    packages = _obj(precheck.get("packages"))
+    torch = _obj(precheck.get("torch"))
+    swift = _obj(precheck.get("swift"))
+    checks = precheck.get("checks") if isinstance(precheck.get("checks"), list) else []
     env: dict[str, Any] = {
         "python": {"version": py.get("version"), "implementation": py.get("implementation")},
-        "packages": {k: (packages.get(k) or {}).get("version") for k in ENV_PACKAGES},
+        "packages": {k: _obj(packages.get(k)).get("version") for k in ENV_PACKAGES},
         "torch": {"version": torch.get("version"), "cuda_version": torch.get("cuda_version"),
                   "cudnn_version": torch.get("cudnn_version")} if torch.get("present") else None,
         "swift": {"version": swift.get("version")} if swift.get("present") else None,
         "checks": [{"name": c.get("name"), "ok": c.get("ok"),
-                    **({"fork": (c.get("fork") or {}).get("name"), "tree_sha256": c.get("tree_sha256")}
+                    **({"fork": _obj(c.get("fork")).get("name"), "tree_sha256": c.get("tree_sha256")}
                        if c.get("name") == "swift_fork" else {}),
                     **({"expected": c.get("expected")} if c.get("name") == "swift_version" else {})}
-                   for c in precheck.get("checks") or [] if isinstance(c, dict)],
+                   for c in checks if isinstance(c, dict)],
     }
     return env
 
@@ -126,8 +175,8 @@ def gpu_inventory(audit: Path) -> dict:
     samples = 0
     for line in lines:
         try:
-            rec = json.loads(line)
-        except ValueError:
+            rec = plain(loads(line))
+        except BadReply:
             continue
         ev = rec.get("event") if isinstance(rec, dict) else None
         if ev == "nvml_unavailable" and "available" not in out:
@@ -136,7 +185,8 @@ def gpu_inventory(audit: Path) -> dict:
             out.update(available=True, driver_version=rec.get("driver_version"),
                        cuda_driver_version=rec.get("cuda_driver_version"),
                        devices=[{k: d.get(k) for k in ("index", "name", "uuid", "memory_total_mib")}
-                                for d in rec.get("devices") or []])
+                                for d in (rec.get("devices") if isinstance(rec.get("devices"), list) else [])
+                                if isinstance(d, dict)])
         elif ev == "sample":
             samples += 1
     out.setdefault("available", False)
@@ -150,19 +200,20 @@ def resolved_config(root: Path) -> dict | None:
     the task itself)."""
     from .tasks.swift import CONFIG_PATH
 
-    try:
-        text = (root / CONFIG_PATH).read_text(encoding="utf-8")
-    except OSError:
-        return None
-    import yaml
+    from .spec.yamlsafe import fast_load
 
+    # In a local run's workspace the job can rewrite this file: a bounded read, never through a
+    # link, and the loader that bounds alias expansion (no "billion laughs").
+    data = read_plain(root / CONFIG_PATH, 1 << 20)
+    if data is None:
+        return None
     try:
-        cfg = yaml.safe_load(text)
-    except yaml.YAMLError:
+        cfg = fast_load(data.decode("utf-8"))
+    except Exception:  # noqa: BLE001 - any YAML, alias or decoding problem: unreadable
         return {"unreadable": CONFIG_PATH}
     if not isinstance(cfg, dict):
         return {"unreadable": CONFIG_PATH}
-    return {k: v for k, v in cfg.items() if k not in CONFIG_INSTANCE_KEYS}
+    return plain({k: v for k, v in cfg.items() if k not in CONFIG_INSTANCE_KEYS})
 
 
 def runtime_env(root: Path) -> dict | None:
@@ -172,7 +223,7 @@ def runtime_env(root: Path) -> dict | None:
 
     try:
         lines = (root / "scripts" / "env.sh").read_text(encoding="utf-8").splitlines()
-    except OSError:
+    except (OSError, ValueError):  # ValueError: not UTF-8
         return None
     env: dict[str, str] = {}
     for line in lines:
@@ -192,16 +243,27 @@ def runtime_env(root: Path) -> dict | None:
 def last_step(root: Path) -> dict | None:
     from .runtime.probe import _progress  # the probe's own reading of logging.jsonl
 
-    return _progress(str(root))
+    # The probe's reading, here on the control plane: its numbers as the boundary takes them.
+    return clean_progress(_progress(str(root)))
 
 
 def build(root: Path, collected_at: float | None = None) -> dict:
     """The provenance manifest of a collected bundle folder (``job.json``, ``runtime/``, ``artifacts/``)."""
     root = Path(root)
-    job = (_load_json(root / "job.json") or {}).get("payload") or {}
-    precheck = _load_json(root / "artifacts" / "runtime-precheck.json")
-    result = _load_json(root / "runtime" / "result.json") or {}
-    ident = parse(job.get("identity") or root.name)
+    unreadable: dict[str, str] = {}
+
+    def load(rel: str, required: bool = True) -> dict | None:
+        value, why = read_json(root / rel)
+        if why is not None and (required or (root / rel).exists() or (root / rel).is_symlink()):
+            unreadable[rel] = why
+        return value
+
+    job = _obj(_obj(load("job.json")).get("payload"))
+    precheck = load("artifacts/runtime-precheck.json", required=False)
+    result = _obj(load("runtime/result.json", required=False))
+    identity = job.get("identity") if isinstance(job.get("identity"), str) else None
+    ident = parse(identity or root.name)
+    inputs = job.get("inputs") if isinstance(job.get("inputs"), list) else []
     repro = {
         # The spec commit: the last commit that changed the spec file, as of the launch. Bundles
         # that record "repo_head" hold it as "spec_commit"; older ones as "spec_source_commit",
@@ -214,14 +276,14 @@ def build(root: Path, collected_at: float | None = None) -> dict:
         "config": resolved_config(root),
         "runtime_env": runtime_env(root),
         "code": job.get("code"),
-        "inputs": [{k: i.get(k) for k in INPUT_KEYS if k in i} for i in job.get("inputs") or []],
+        "inputs": [{k: i.get(k) for k in INPUT_KEYS if k in i} for i in inputs if isinstance(i, dict)],
         "environment": environment(precheck),
     }
     started = _read_ts(root / "runtime" / "started_at")
     launched = _read_ts(root / "runtime" / "launched_at")
-    plat = (precheck or {}).get("platform") or {}
+    plat = _obj(_obj(precheck).get("platform"))
     run = {
-        "identity": job.get("identity") or root.name,
+        "identity": identity or root.name,
         "name": job.get("name"),
         "generation": ident.generation if ident else None,
         "attempt": ident.attempt if ident else None,
@@ -231,11 +293,12 @@ def build(root: Path, collected_at: float | None = None) -> dict:
         "backend": job.get("backend"),
         "hostname": plat.get("hostname"),
         "platform": plat.get("platform"),
-        "python_executable": ((precheck or {}).get("python") or {}).get("executable"),
-        "gpus_assigned": job.get("gpus") or [],
+        "python_executable": _obj(_obj(precheck).get("python")).get("executable"),
+        "gpus_assigned": job.get("gpus") if isinstance(job.get("gpus"), list) else [],
         "gpu_inventory": gpu_inventory(root / "artifacts" / "nvml-audit.jsonl"),
         "timestamps": {"launched_at": _iso(launched), "started_at": _iso(started),
-                       "finished_at": result.get("finished_at") or _iso(result.get("finished_ts")),
+                       "finished_at": (result.get("finished_at") if isinstance(result.get("finished_at"), str)
+                                       else None) or _iso(result.get("finished_ts")),
                        "collected_at": _iso(collected_at if collected_at is not None else time.time())},
         "result": {"state": result.get("state"), "exit_code": result.get("exit_code")},
         "resumed_from": job.get("resume_from"),
@@ -245,6 +308,8 @@ def build(root: Path, collected_at: float | None = None) -> dict:
         "bundle_digest": bundles.digest(root) if (root / "job.json").is_file() else None,
         "artifacts": bundles.manifest(root)["artifacts"],
     }
+    if unreadable:
+        run["unreadable"] = unreadable  # the files whose fields are left out, and why
     return {"schema": SCHEMA, "reproducibility_digest": canonical_digest(repro), "reproducibility": repro,
             "run": run}
 

@@ -10,6 +10,7 @@ and its outcome into the next status.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from datetime import datetime, timezone
@@ -156,9 +157,94 @@ def _yaml() -> YAML:
     return YAML(typ="safe", pure=True)
 
 
+# A status holds what machines and jobs said (messages, artifact names, progress keys), and
+# anyone who can push can write one. Text is written out so that any of it can be written and
+# read back: every character that is not printable, line breaks and tabs apart (controls, NUL,
+# lone surrogates from a JSON "\ud800", which no UTF-8 writer takes, bidirectional overrides,
+# zero-width characters), as ``\xNN``/``\uNNNN`` text, at most TEXT_LIMIT characters; keys at
+# most KEY_LIMIT, because YAML writes a longer key as an explicit "? " key that the fast reader
+# does not take; integers of thousands of digits as text (``>1e308``); nesting at most
+# NEST_LIMIT deep. The same value always gives the same
+# text, so an unchanged status stays byte-identical.
+TEXT_LIMIT = 8192
+KEY_LIMIT = 100
+NEST_LIMIT = 24
+_UNWRITABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u206f"
+                         "\ud800-\udfff\ufeff\ufff9-\ufffb\ufffe\uffff]")
+
+
+def _escaped(m: re.Match) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def writable_text(text: str, limit: int = TEXT_LIMIT) -> str:
+    """``text`` as a status file can always hold it (see above)."""
+    if len(text) > limit:
+        text = text[: limit - 1] + "\u2026"
+    if text.isascii() and text.isprintable():
+        return text
+    out = _UNWRITABLE.sub(_escaped, text)
+    if not out.replace("\n", "").replace("\t", "").isprintable():  # unassigned code points and the like
+        out = "".join(c if c.isprintable() or c in "\n\t" else _escaped_char(c) for c in out)
+    return out if len(out) <= limit else out[: limit - 1] + "\u2026"
+
+
+def _escaped_char(c: str) -> str:
+    n = ord(c)
+    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
+
+
+_SCALARS = (float, bool, type(None))
+
+
+def writable(value: Any, depth: int = 0) -> Any:
+    """``value`` (a status's JSON data) with its text, keys and numbers as a status file can hold them."""
+    t = type(value)
+    if t is str:  # the common case first: plain short text is returned as it is
+        return value if len(value) <= TEXT_LIMIT and value.isascii() and value.isprintable() else writable_text(value)
+    if t in _SCALARS:
+        return value
+    if t is int:
+        # Python refuses to print an int of more than 4,300 digits (sys.set_int_max_str_digits):
+        # past ~3,900 (13,000 bits), the value as the ledger shows one beyond a float's range.
+        return value if value.bit_length() <= 13_000 else (">1e308" if value > 0 else "<-1e308")
+    if depth >= NEST_LIMIT:
+        return "\u2026"
+    if t is dict:
+        return {(k if type(k) is str and len(k) <= KEY_LIMIT and k.isascii() and k.isprintable()
+                 else writable_text(str(k), KEY_LIMIT)): writable(v, depth + 1) for k, v in value.items()}
+    if t is list or t is tuple:
+        if t is list and len(value) == 2 and type(value[0]) is int and type(value[1]) is float \
+                and value[0].bit_length() <= 64:
+            return value  # a loss curve's point, 120 of them a status: no call per number
+        return [writable(v, depth + 1) for v in value]
+    return writable_text(repr(value)[:TEXT_LIMIT])
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
+    """A model as plain data, without pydantic's serializer (and its depth limit)."""
+    if depth > NEST_LIMIT:
+        return "\u2026"
+    if isinstance(value, BaseModel):
+        return {k: _plain(v, depth + 1) for k in type(value).model_fields
+                if (v := getattr(value, k)) is not None}
+    if isinstance(value, dict):
+        return {k: _plain(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, depth + 1) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # as pydantic's JSON mode writes them
+    return value
+
+
 def ordered(status: RunStatus) -> dict[str, Any]:
     """The file's data: fixed key order, no empty fields, the loss curve's points as flow lists."""
-    data = status.model_dump(mode="json", exclude_none=True)
+    try:
+        data = status.model_dump(mode="json", exclude_none=True)
+    except ValueError:  # nesting deeper than pydantic serializes (a pushed status, say): cut by ``writable``
+        data = _plain(status)
+    data = writable(data)
     out: dict[str, Any] = {"apiVersion": "reconciler/v1", "kind": "RunStatus"}
     for key in _ORDER[2:]:
         if key in data and data[key] not in ([], {}, ""):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import threading
 
+from . import boundary
 from .backends.base import MachineInfo
 from .backends.local import LocalTransport, StagingLocalTransport
 from .config import Config
@@ -39,6 +40,7 @@ class TransportPool:
 
     def __init__(self, cfg: Config, desired: DesiredState, kept: dict | None = None, factory=None):
         self.cfg = cfg
+        boundary.REPLY_BUDGET.resize(cfg.ssh_decode_budget_bytes)  # process-wide; a reload may change it
         self.kept = kept
         self.factory = factory  # MachineInfo → transport, instead of SSH (the scale benchmark's simulation)
         self._machines = {}

@@ -16,6 +16,7 @@ import git
 from reconciler import config as configs
 from reconciler import status as statuses
 from reconciler.loop import Reconciler
+from tests import faults
 
 LOCAL_HOST = """\
 apiVersion: reconciler/v1
@@ -164,8 +165,15 @@ def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
         pass
 
 
-def reconcile_cli(root: Path, *args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+def reconcile_cli(root: Path, *args: str, env: dict | None = None, timeout: float = 60,
+                  crash_after: str | None = None) -> subprocess.CompletedProcess:
+    """``reconcile ARGS --repo ROOT`` in a subprocess; ``crash_after``: killed at that point
+    (tests/faults.py: "stage", "apply")."""
     full_env = dict(os.environ)
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "reconciler", *args, "--repo", str(root)], capture_output=True,
-                          text=True, env=full_env, timeout=timeout)
+    argv = [*args, "--repo", str(root)]
+    if crash_after is not None:
+        cmd, full_env = faults.command(*argv, crash_after=crash_after), faults.env(full_env)
+    else:
+        cmd = [sys.executable, "-m", "reconciler", *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=timeout)

@@ -43,7 +43,7 @@ import paramiko
 
 from .. import bundle as bundles
 from .. import safetar
-from ..boundary import MAX_REPLY_BYTES, BadReply, loads as load_reply
+from ..boundary import MAX_REPLY_BYTES, REPLY_BUDGET, BadReply
 from ..errors import PermanentError, TemporaryError
 from ..runtime import probe as agent_module
 from .base import WRONG_SPEC, Completed, MachineInfo, built_for_check, docker_prefix
@@ -352,7 +352,8 @@ class SshTransport:
                     select.select([chan], [], [], min(left, 1.0))
                 line, _, rest = bytes(buf).partition(b"\n")
                 self._resident_buf = bytearray(rest)
-            answer = load_reply(line, self.max_reply_bytes)
+            # Decoded within the process-wide budget (parallel probes), waiting out the probe timeout.
+            answer = REPLY_BUDGET.decode(line, self.max_reply_bytes, max(0.0, deadline - time.monotonic()))
         except BadReply as e:
             with self._resident_lock:
                 self._drop_resident()
@@ -483,7 +484,7 @@ class SshTransport:
                 raise TemporaryError(f"{self.where}: python3 not found on the machine: {tail}")
             raise TemporaryError(f"{self.where}: agent {args.get('op')} failed (exit {rc}): {tail}")
         try:
-            report = load_reply(out, self.max_reply_bytes)
+            report = REPLY_BUDGET.decode(out, self.max_reply_bytes, timeout)
         except BadReply as e:
             raise TemporaryError(f"{self.where}: agent {args.get('op')} answer rejected: {e}") from None
         if not isinstance(report, dict):

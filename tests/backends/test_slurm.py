@@ -109,9 +109,8 @@ def test_a_job_waiting_for_gpus_shows_slurms_reason(slurm_world) -> None:
 def test_a_crash_between_sbatch_and_the_status_commit_submits_once(slurm_world) -> None:
     w = slurm_world()
     w.add_run(run_spec("once", "slurm-host", ["sleep", "300"]))
-    env = {"RECONCILER_WORKSPACE_ROOT": str(w.local_root), "RECONCILER_NAMESPACE": "test",
-           "RECONCILER_TEST_CRASH_AFTER": "apply"}
-    crashed = reconcile_cli(w.repo, "--once", env=env)
+    env = {"RECONCILER_WORKSPACE_ROOT": str(w.local_root), "RECONCILER_NAMESPACE": "test"}
+    crashed = reconcile_cli(w.repo, "--once", env=env, crash_after="apply")
     assert crashed.returncode == 137, crashed.stderr
     assert w.status("once") is None  # the status never reached git
     assert len(jobs_of(w, "once-g1-a1")) == 1

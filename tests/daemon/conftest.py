@@ -1,6 +1,7 @@
 """Fixtures for the daemon tests: a bare repository on disk as origin, clones, and real daemons.
 
-Every daemon is a real subprocess (``python -m reconciler --repo CLONE``); every process a test
+Every daemon is a real subprocess (``python -m reconciler --repo CLONE``, or through tests/faults.py
+for a crash or a held push at one of the product's seams); every process a test
 starts is killed at teardown (the daemons by pid, the runs they launched by process group, read
 from their workspaces). Waiting is always polling a condition with a timeout.
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import faults
 from tests.repo_helpers import LOCAL_HOST, wait_for  # noqa: F401 - wait_for is used by the daemon tests
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -188,14 +190,20 @@ class World:
         env.update(extra)
         return env
 
-    def start(self, clone: Path, listen: bool = True, args: tuple[str, ...] = (), **env: str) -> Daemon:
+    def start(self, clone: Path, listen: bool = True, args: tuple[str, ...] = (), crash_after: str | None = None,
+              hold_push: Path | None = None, **env: str) -> Daemon:
+        """A daemon on ``clone``; ``crash_after`` ("apply", "commit") and ``hold_push``: faults at the
+        product's seams (tests/faults.py)."""
         port = free_port() if listen else None
         if port:
             env.setdefault("RECONCILER_LISTEN", f"127.0.0.1:{port}")
         log = self.tmp / f"daemon-{len(self.daemons)}.log"
         fh = open(log, "wb")
-        proc = subprocess.Popen([sys.executable, "-m", "reconciler", "--repo", str(clone), *args], cwd=ROOT,
-                                stdout=fh, stderr=subprocess.STDOUT, env=self.env(**env), stdin=subprocess.DEVNULL)
+        argv = ["--repo", str(clone), *args]
+        cmd = faults.command(*argv, crash_after=crash_after, hold_push=hold_push) if crash_after or hold_push \
+            else [sys.executable, "-m", "reconciler", *argv]
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env=self.env(**env),
+                                stdin=subprocess.DEVNULL)
         fh.close()
         d = Daemon(proc, log, port)
         self.daemons.append(d)

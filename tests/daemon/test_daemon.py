@@ -34,7 +34,7 @@ def test_pushed_spec_is_launched_and_its_status_reaches_the_remote(world):
 def test_push_race_both_commits_land_history_linear(world):
     hold = world.tmp / "hold-push"
     hold.write_text("")
-    d = world.start(world.clone("daemon"), RECONCILER_TEST_HOLD_PUSH=str(hold))
+    d = world.start(world.clone("daemon"), hold_push=hold)
     d.wait_ready()
     world.add_spec("racer")
     # The daemon launched, committed status locally and now waits before pushing.
@@ -58,9 +58,9 @@ def test_push_race_both_commits_land_history_linear(world):
 
 
 def test_kill_after_apply_then_fresh_clone_adopts_without_relaunch(world):
-    # The hook fires after every apply, so the spec is there before the daemon's first pass.
+    # The crash comes after the first apply, so the spec is there before the daemon's first pass.
     world.add_spec("sturdy")
-    d = world.start(world.clone("vm1"), listen=False, RECONCILER_TEST_CRASH_AFTER="apply")
+    d = world.start(world.clone("vm1"), listen=False, crash_after="apply")
     wait_for(lambda: d.proc.poll() is not None, timeout=20, what="the daemon to crash after apply")
     assert d.proc.returncode == 137, d.text()
     assert d.logged("daemon started") and not d.logged("pass")
@@ -81,7 +81,7 @@ def test_kill_after_apply_then_fresh_clone_adopts_without_relaunch(world):
 
 
 def test_crash_after_commit_before_push_is_derived_again(world):
-    d = world.start(world.clone("vm1"), listen=False, RECONCILER_TEST_CRASH_AFTER="commit")
+    d = world.start(world.clone("vm1"), listen=False, crash_after="commit")
     d.wait_ready()
     world.add_spec("late")
     wait_for(lambda: d.proc.poll() is not None, timeout=20, what="the daemon to crash after its commit")
@@ -97,7 +97,7 @@ def test_second_daemon_refused_and_sigterm_pushes_and_exits_0(world):
     clone = world.clone("daemon")
     hold = world.tmp / "hold-push"
     hold.write_text("")
-    d = world.start(clone, RECONCILER_TEST_HOLD_PUSH=str(hold))
+    d = world.start(clone, hold_push=hold)
     d.wait_ready()
 
     other = world.start(clone, listen=False)
@@ -146,13 +146,20 @@ def test_webhook_bad_signature_refused_good_one_fetches_at_once(world):
     assert not world.workspaces()
     # Correctly signed, but for another branch: accepted and ignored, nothing fetched.
     other = json.dumps({"ref": "refs/heads/feature"}).encode()
-    code, _ = http("POST", d.url + "/hooks/git", other, dict(headers, **{"X-Hub-Signature-256": sign(SECRET, other)}))
+    code, _ = http("POST", d.url + "/hooks/git", other, dict(headers, **{"X-Hub-Signature-256": sign(SECRET, other),
+                                                                         "X-GitHub-Delivery": "delivery-other"}))
     assert code == 202
     wait_for(lambda: d.logged("webhook: push to another branch; nothing to fetch"), timeout=10, what="the ignore")
     assert git(clone, "rev-parse", "refs/remotes/origin/main") == tracking_before
 
-    t0 = time.monotonic()
+    # Signed, but without the delivery id GitHub always sends: refused, nothing fetched.
     code, _ = http("POST", d.url + "/hooks/git", body, dict(headers, **{"X-Hub-Signature-256": sign(SECRET, body)}))
+    assert code == 400
+    assert git(clone, "rev-parse", "refs/remotes/origin/main") == tracking_before
+
+    t0 = time.monotonic()
+    code, _ = http("POST", d.url + "/hooks/git", body, dict(headers, **{"X-Hub-Signature-256": sign(SECRET, body),
+                                                                        "X-GitHub-Delivery": "delivery-main"}))
     assert code == 202
     wait_for(lambda: world.pid_of("hooked-g1-a1"), timeout=10, what="the webhook to launch the run")
     assert time.monotonic() - t0 < 10  # the poll interval is 300 s
@@ -160,7 +167,7 @@ def test_webhook_bad_signature_refused_good_one_fetches_at_once(world):
     _, metrics = http("GET", d.url + "/metrics")
     text = metrics.decode()
     webhooks = {labels["result"]: v for _, labels, v in parse_exposition(text)["reconciler_webhooks_total"]["samples"]}
-    assert webhooks == {"refused": 3, "accepted": 1, "ignored": 1}
+    assert webhooks == {"refused": 4, "accepted": 1, "ignored": 1}  # three bad signatures, one without a delivery id
 
 
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*"'

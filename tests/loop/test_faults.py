@@ -244,7 +244,7 @@ def test_missing_secret_waits_pending_without_staging_then_launches_when_set(tmp
 def test_crash_between_staging_and_starting_is_finished_not_lost(tmp_path, ws_root):
     repo_dir = make_repo(tmp_path / "repo", {"x": run_spec("x", ["true"], max_retries=0)})
     env = {"RECONCILER_WORKSPACE_ROOT": str(ws_root), "RECONCILER_NAMESPACE": "test"}
-    crashed = reconcile_cli(repo_dir, "--once", env=dict(env, RECONCILER_TEST_CRASH_AFTER="stage"))
+    crashed = reconcile_cli(repo_dir, "--once", env=env, crash_after="stage")
     assert crashed.returncode == 137
     assert (workspace(ws_root, "x-g1-a1") / "job.json").is_file()
     assert not (workspace(ws_root, "x-g1-a1") / "runtime" / "launched_at").exists()
@@ -262,7 +262,7 @@ def test_crash_between_staging_and_starting_is_finished_not_lost(tmp_path, ws_ro
 def test_staged_leftover_of_a_removed_run_is_removed_and_the_plan_settles(tmp_path, ws_root):
     repo_dir = make_repo(tmp_path / "repo", {"y": run_spec("y", ["true"])})
     env = {"RECONCILER_WORKSPACE_ROOT": str(ws_root), "RECONCILER_NAMESPACE": "test"}
-    assert reconcile_cli(repo_dir, "--once", env=dict(env, RECONCILER_TEST_CRASH_AFTER="stage")).returncode == 137
+    assert reconcile_cli(repo_dir, "--once", env=env, crash_after="stage").returncode == 137
     (repo_dir / "specs/runs/y.yaml").unlink()
     commit_all(repo_dir, "remove y")
     rec = reconciler(repo_dir, ws_root)

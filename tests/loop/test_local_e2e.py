@@ -152,14 +152,12 @@ def test_kill_9_of_the_job_is_lost_and_relaunched(tmp_path, ws_root):
 
 def test_crash_between_launch_and_commit_is_adopted_never_launched_twice(tmp_path, ws_root):
     repo_dir = make_repo(tmp_path / "repo", {"solo": run_spec("solo", LONG)})
-    env = {"RECONCILER_WORKSPACE_ROOT": str(ws_root), "RECONCILER_NAMESPACE": "test",
-           "RECONCILER_TEST_CRASH_AFTER": "apply"}
-    crashed = reconcile_cli(repo_dir, "--once", env=env)
+    env = {"RECONCILER_WORKSPACE_ROOT": str(ws_root), "RECONCILER_NAMESPACE": "test"}
+    crashed = reconcile_cli(repo_dir, "--once", env=env, crash_after="apply")
     assert crashed.returncode == 137
     assert not (repo_dir / "status" / "solo.yaml").exists()  # the crash came before any status
     assert len(git.Repo(repo_dir).git.log("--oneline").splitlines()) == 1
     wait_for(lambda: processes_with("RECONCILER_IDENTITY=solo-g1-a1"))
-    env.pop("RECONCILER_TEST_CRASH_AFTER")
     again = reconcile_cli(repo_dir, "--once", "--json", env=env)
     assert again.returncode == 0, again.stderr
     st = status_of(repo_dir, "solo")

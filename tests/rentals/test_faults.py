@@ -14,7 +14,7 @@ def env_of(w) -> dict:
 def test_kill_between_provisioning_and_the_status_commit_adopts_the_rental(rental_world) -> None:
     w = rental_world(local={"delaySeconds": 0.5})
     w.add_run(run_spec("k", "rental-host", ["true"]))
-    crashed = reconcile_cli(w.repo, "--once", env=dict(env_of(w), RECONCILER_TEST_CRASH_AFTER="apply"))
+    crashed = reconcile_cli(w.repo, "--once", env=env_of(w), crash_after="apply")
     assert crashed.returncode == 137, crashed.stderr
     assert w.status("k") is None  # nothing recorded: the rental exists only at the provider
     [rental] = w.rentals()

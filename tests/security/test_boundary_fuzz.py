@@ -262,3 +262,62 @@ def test_a_bounded_gang_cannot_blow_up_folding():
     m.runs[ok.identity] = ObservedRun(ok.identity, "lab-1", ok.state, gang=ok.gang)
     folded = w.find("r-g1-a1")
     assert folded is not None and folded.state == "lost"
+
+
+def test_the_decoding_budget_lets_replies_wait_their_turn():
+    """Replies that together exceed the budget are decoded one after another: each keeps its
+    share while its decoded value is in use (the scope), the next waits; one larger than the
+    whole budget, or one that waits too long, is a BadReply; nothing stays held."""
+    import threading
+
+    from tests.repo_helpers import wait_for
+
+    budget = boundary.ReplyBudget(100)
+    reply = json.dumps({"runs": {}, "pad": "x" * 22}).encode()  # 45 bytes: two fit, three do not
+    assert 2 * len(reply) <= 100 < 3 * len(reply)
+    go = [threading.Event() for _ in range(5)]
+    decoded: list[int] = []
+
+    def probe(i: int) -> None:
+        with budget.scope():
+            budget.decode(reply, timeout=30)
+            decoded.append(i)
+            go[i].wait(30)
+
+    threads = [threading.Thread(target=probe, args=(i,)) for i in range(5)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: len(decoded) == 2, timeout=10, what="two replies decoded")
+    assert len(decoded) == 2 and budget.used == 2 * len(reply)
+    for n in range(3, 6):
+        go[decoded[n - 3]].set()  # one holder is done with its value: the next reply decodes
+        wait_for(lambda: len(decoded) == min(n, 5), timeout=10, what=f"{n} replies decoded")
+        assert budget.used <= 2 * len(reply)
+    for e in go:
+        e.set()
+    for t in threads:
+        t.join(10)
+    assert budget.used == 0 and budget.peak == 2 * len(reply)
+    with pytest.raises(BadReply, match="over the whole decoding budget"):
+        budget.decode(b"[" + b"1," * 60 + b"1]")
+    with budget.scope():
+        budget.decode(reply)
+        budget.decode(reply)  # a second decode in one scope replaces the first
+        assert budget.used == len(reply)
+        with pytest.raises(BadReply, match="no room to decode"):
+            outcome: list = []
+
+            def late() -> None:
+                try:
+                    budget.decode(json.dumps("y" * 58).encode(), timeout=0.2)
+                except BadReply as e:
+                    outcome.append(e)
+
+            t = threading.Thread(target=late)
+            t.start()
+            t.join(10)
+            raise outcome[0]
+    assert budget.used == 0
+    with pytest.raises(BadReply, match="not JSON"):
+        budget.decode(b"{")
+    assert budget.used == 0

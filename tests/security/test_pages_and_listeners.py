@@ -277,7 +277,8 @@ def test_hostile_values_render_everywhere_and_status_commits_go_on(tmp_path, ser
     assert "README.md" in led.refresh(repo / "status", {}, {"wild": st2}, time.time())
     second = gitops.commit_status(git.Repo(repo), lambda paths: "status", author)
     assert second is not None and second.sha != first.sha
-    assert load_all(repo / "status")["wild"].message == "still \x07 here"  # the status keeps what was said
+    # The status keeps what was said, its control characters written out as text.
+    assert load_all(repo / "status")["wild"].message == "still \\x07 here"
 
     # The plan comment: names and reasons as literal text.
     class Change:
@@ -503,12 +504,12 @@ def test_a_huge_body_is_refused_before_it_is_read(served):
     assert code == 401 and took < 2, (code, took)
     # Under the limit, a well-formed header, a body that never comes: cut off after the body timeout
     # (closed, with or without a 400: the request is over either way).
-    code, took = _post(s.api, b"", {"Content-Length": "1000", "X-Hub-Signature-256": "sha256=" + "0" * 64},
-                       send=b"{", timeout=8)
+    code, took = _post(s.api, b"", {"Content-Length": "1000", "X-Hub-Signature-256": "sha256=" + "0" * 64,
+                                    "X-GitHub-Delivery": "d-slow"}, send=b"{", timeout=8)
     assert code in (0, 400) and 0.8 <= took < 4, (code, took)
     # The limit itself, fully sent, a bad signature: read, checked, refused.
     limit = 1024 * 1024
-    code, _ = _post(s.api, b"x" * limit, {"X-Hub-Signature-256": "sha256=" + "0" * 64})
+    code, _ = _post(s.api, b"x" * limit, {"X-Hub-Signature-256": "sha256=" + "0" * 64, "X-GitHub-Delivery": "d-big"})
     assert code == 401
     assert not [e for e in s.events if "push" in e]
     assert {"refused": "body over 1048576 bytes"} in s.events
@@ -525,10 +526,19 @@ def test_a_replayed_delivery_is_refused(served):
     assert _post(s.api, other, dict(headers, **{"X-Hub-Signature-256": _sign(other)}))[0] == 409  # id d-1 again
     assert _post(s.api, other, dict(headers, **{"X-Hub-Signature-256": _sign(other),
                                                 "X-GitHub-Delivery": "d-3"}))[0] == 202
+    # Correctly signed, but no delivery id (GitHub sends one with every delivery), an empty one or
+    # free text: refused, and nothing is remembered or pushed.
+    fresh = json.dumps({"ref": "refs/heads/main", "after": "c" * 40}).encode()
+    for delivery in (None, "", "  ", "a b", "\x1b[31m", "x" * 101):
+        extra = {} if delivery is None else {"X-GitHub-Delivery": delivery}
+        assert _post(s.api, fresh, {"X-Hub-Signature-256": _sign(fresh), **extra})[0] == 400, delivery
+    assert _post(s.api, fresh, {"X-Hub-Signature-256": _sign(fresh), "X-GitHub-Delivery": "d-5"})[0] == 202
     stale = json.dumps({"ref": "refs/heads/main", "repository": {"pushed_at": int(time.time()) - 7200}}).encode()
     assert _post(s.api, stale, {"X-Hub-Signature-256": _sign(stale), "X-GitHub-Delivery": "d-4"})[0] == 409
-    wait_for(lambda: len([e for e in s.events if "push" in e]) == 2 and len([e for e in s.events if "refused" in e]) == 4,
-             timeout=5, what="two pushes and four refusals")
+    wait_for(lambda: len([e for e in s.events if "push" in e]) == 3
+             and len([e for e in s.events if e.get("refused") == "replayed or stale delivery"]) == 4
+             and len([e for e in s.events if e.get("refused") == "bad or missing X-GitHub-Delivery"]) == 6,
+             timeout=5, what="three pushes, four replays and six requests without a delivery id")
 
 
 # ---------------------------------------------------------------- provider ids

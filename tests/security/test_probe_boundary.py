@@ -331,3 +331,56 @@ def test_a_resident_helper_that_stalls_or_floods_fails_the_probe_in_time(sshd_fa
         assert t._root == root  # a root that is not a plain absolute path is not learnt
     finally:
         t.close()
+
+
+# ---------------------------------------------------------------- many large replies at once
+
+# A valid reply of ~6 MiB: 5,000 run entries, each with a long message, the planner's fields valid.
+LARGE = ("import json, sys\n"
+         "runs = {f'r{i}-g1-a1': {'state': 'running', 'message': 'm' * 1200} for i in range(5000)}\n"
+         "sys.stdout.write(json.dumps({'runs': runs}) + '\\n')\nsys.stdout.flush()\n")
+
+
+def test_parallel_large_replies_stay_within_the_decoding_budget(sshd_factory, root, planted):
+    """Eight machines answer ~6 MiB each at once, with a budget for two: the replies wait their
+    turn, every machine is observed, the budget is never exceeded, and the memory the decoded
+    replies hold at once stays near two replies' worth; a reply larger than the whole budget
+    fails its machine only."""
+    import tracemalloc
+
+    from reconciler import boundary, observe
+
+    server = sshd_factory("127.0.0.31", user="rcprobek")
+    planted.append(_plant_probe(server, LARGE))
+    names = [f"lab-{i}" for i in range(8)]
+    transports = {n: _transport(server, root, probe_timeout=60.0) for n in names}
+    one = transports[names[0]]
+    size = len(json.dumps(one.agent({"op": "probe", "names": []})).encode())
+    assert 5 << 20 < size < 8 << 20, size
+    budget = boundary.REPLY_BUDGET
+    saved = budget.total
+    try:
+        budget.resize(2 * size + (1 << 20))
+        budget.peak = 0
+        tracemalloc.start()
+        world = observe.observe(names, transports.__getitem__, [], {}, time.time(), parallel=8)
+        _, traced_peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert all(world.machines[n].reachable and len(world.machines[n].runs) == 0 for n in names), \
+            {n: world.machines[n].error for n in names}  # runs nobody recorded are not bound: none kept
+        assert budget.used == 0 and size < budget.peak <= budget.total, (budget.peak, budget.total)
+        # Loosely, what Python allocated at its peak: the eight raw replies (read before their
+        # turn), two decoded at a time (~2x their size each here), the eight checked results
+        # the pass keeps, and paramiko's buffers; far from eight decoded replies at 16 MiB.
+        assert traced_peak < 16 * size + (32 << 20), traced_peak / 2 ** 20
+
+        budget.resize(size // 2)  # smaller than one reply: each machine fails, with the reason
+        world = observe.observe(names[:2], transports.__getitem__, [], {}, time.time(), parallel=2)
+        for n in names[:2]:
+            m = world.machines[n]
+            assert not m.reachable and "over the whole decoding budget" in m.error, m.error
+        assert budget.used == 0
+    finally:
+        budget.resize(saved)
+        for t in transports.values():
+            t.close()

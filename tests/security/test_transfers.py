@@ -17,6 +17,7 @@ import stat
 import subprocess
 import sys
 import tarfile
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -106,10 +107,31 @@ def _links_or_shared_inodes(root: Path) -> list[str]:
     return bad
 
 
-def test_the_cve_2025_4517_chain_writes_nothing_outside_the_destination(tmp_path):
+@pytest.fixture(params=["stream", "spool"])
+def as_stream(request):
+    """The bytes as a pipe-like stream (read in order) or as a spool on disk (what collection
+    reads: tarfile seeks over the data, and the kernel copies it), so both ways are held to the
+    same rules."""
+    opened = []
+
+    def make(data: bytes):
+        if request.param == "stream":
+            return io.BytesIO(data)
+        f = tempfile.TemporaryFile()
+        f.write(data)
+        f.seek(0)
+        opened.append(f)
+        return f
+
+    yield make
+    for f in opened:
+        f.close()
+
+
+def test_the_cve_2025_4517_chain_writes_nothing_outside_the_destination(as_stream, tmp_path):
     dest, outside = _sentinel(tmp_path)
     stream = cve_2025_4517("", "../outside", {"planted": b"#!/bin/sh\necho pwned\n"}, overwrite="flag")
-    res = safetar.unpack(io.BytesIO(stream), dest)
+    res = safetar.unpack(as_stream(stream), dest)
     assert (outside / "flag").read_text() == "original\n"
     assert sorted(os.listdir(outside)) == ["flag"]
     assert _links_or_shared_inodes(dest) == []
@@ -152,7 +174,7 @@ def _tar(members: list[tuple]) -> bytes:
     return buf.getvalue()
 
 
-def test_names_types_and_links_already_in_the_destination(tmp_path):
+def test_names_types_and_links_already_in_the_destination(as_stream, tmp_path):
     dest, outside = _sentinel(tmp_path)
     # Left by an older reconciler: links where a file and a folder will be written.
     (dest / "artifacts").mkdir()
@@ -169,7 +191,7 @@ def test_names_types_and_links_already_in_the_destination(tmp_path):
         ("artifacts/dev", tarfile.CHRTYPE),
         ("artifacts/ok.bin", tarfile.REGTYPE, "", b"ok"),
     ])
-    res = safetar.unpack(io.BytesIO(stream), dest)
+    res = safetar.unpack(as_stream(stream), dest)
     assert (outside / "flag").read_text() == "original\n" and sorted(os.listdir(outside)) == ["flag"]
     assert (dest / "artifacts" / "log.txt").read_text() == "new log\n"  # the link was replaced, not followed
     assert not (dest / "artifacts" / "log.txt").is_symlink()
@@ -185,19 +207,19 @@ def test_names_types_and_links_already_in_the_destination(tmp_path):
     assert _links_or_shared_inodes(dest) == []
 
 
-def test_limits_keep_what_fits_and_a_cut_stream_leaves_no_partial_file(tmp_path):
+def test_limits_keep_what_fits_and_a_cut_stream_leaves_no_partial_file(as_stream, tmp_path):
     dest = tmp_path / "d"
     dest.mkdir()
     stream = _tar([(f"artifacts/f{i}", tarfile.REGTYPE, "", b"x" * 100) for i in range(10)])
-    res = safetar.unpack(io.BytesIO(stream), dest, limits=safetar.Limits(max_bytes=350, max_files=100))
+    res = safetar.unpack(as_stream(stream), dest, limits=safetar.Limits(max_bytes=350, max_files=100))
     assert res.truncated and res.files == 3 and res.bytes == 300
     assert "limit" in res.note()
-    res = safetar.unpack(io.BytesIO(stream), tmp_path / "d", limits=safetar.Limits(max_bytes=10 ** 6, max_files=4))
+    res = safetar.unpack(as_stream(stream), tmp_path / "d", limits=safetar.Limits(max_bytes=10 ** 6, max_files=4))
     assert res.truncated and res.files + res.dirs == 4
     cut = tmp_path / "cut"
     cut.mkdir()
     big = _tar([("artifacts/big", tarfile.REGTYPE, "", b"y" * 100_000)])
-    res = safetar.unpack(io.BytesIO(big[:40_000]), cut)
+    res = safetar.unpack(as_stream(big[:40_000]), cut)
     assert res.error and not res.complete
     assert [p.name for p in (cut / "artifacts").iterdir()] == []  # no partial file, no temporary left
 
@@ -600,7 +622,7 @@ def test_the_staging_archive_never_reads_a_link_out_of_the_bundle(tmp_path):
     assert names == {"job.json": b"{}\n", "inputs/code/alias.py": b"print(1)\n", "inputs/code/real.py": b"print(1)\n"}
 
 
-def test_damaged_streams_end_the_unpacking_never_the_pass(tmp_path):
+def test_damaged_streams_end_the_unpacking_never_the_pass(as_stream, tmp_path):
     """Bytes changed at random in a stream's headers: unpack returns (with an error or less), it
     never raises, and nothing lands outside the destination or as anything but a plain file."""
     import random
@@ -619,7 +641,7 @@ def test_damaged_streams_end_the_unpacking_never_the_pass(tmp_path):
             data[pos] = rng.randrange(256)
         dest = tmp_path / f"d{i}"
         dest.mkdir()
-        safetar.unpack(io.BytesIO(bytes(data)), dest)
+        safetar.unpack(as_stream(bytes(data)), dest)
         assert _links_or_shared_inodes(dest) == []
     assert sorted(os.listdir(outside)) == ["flag"] and (outside / "flag").read_text() == "original\n"
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("d")) == ["outside"]

@@ -1,31 +1,55 @@
-"""Every malformed input in tests/spec/corpus/ through the real command line.
+"""Every malformed input in tests/spec/corpus/ through the command line's entry point.
 
 Each case is a small repository (cases.yaml says what it holds and what must be reported). The test
 copies it to a temporary folder, does the case's setup step (a symlink or a big file: neither belongs
-in git), runs ``python -m reconciler validate --repo CASE`` in a subprocess and checks the exit code,
-every expected ``file:line:col: message`` and the absence of a traceback.
+in git), calls ``reconciler.cli.main(["validate", "--repo", CASE])`` in this process and checks the
+exit code, every expected ``file:line:col: message`` and that main returned (an exception escaping
+it is what the command line would print as a traceback). In-process because an interpreter start
+per case cost far more than the validation itself; validate keeps no state between calls (paths
+are resolved from ``--repo``, the loader gets no cache), so the cases cannot see each other.
+``test_command_line_prints_what_main_returns`` runs a few cases through ``python -m reconciler``
+to keep the real command line covered.
 """
 
 from __future__ import annotations
 
+import io
 import json
-import os
 import re
 import shutil
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
+from reconciler import cli
 from tests.spec.helpers import run_cli
 
 CORPUS = Path(__file__).parent / "corpus"
 CASES: dict = yaml.safe_load((CORPUS / "cases.yaml").read_text(encoding="utf-8"))
 
 
-def validate(repo: Path, *extra: str) -> subprocess.CompletedProcess:
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def validate(repo: Path, *extra: str) -> Result:
+    """``reconcile validate --repo REPO EXTRA...`` in this process, its output captured."""
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = cli.main(["validate", "--repo", str(repo), *extra])
+    r = Result(code, out.getvalue(), err.getvalue())
+    assert "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
+    return r
+
+
+def validate_subprocess(repo: Path, *extra: str) -> subprocess.CompletedProcess:
     return run_cli("validate", "--repo", str(repo), *extra, cwd=repo)
 
 
@@ -54,19 +78,9 @@ def test_corpus_is_complete() -> None:
         assert case.get("expect"), f"{name}: no expected diagnostics"
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess]:
-    """Every case's run, started in parallel: one interpreter start per case is most of the cost."""
-    repos = {name: prepare(name, tmp_path_factory.mktemp(name)) for name in CASES}
-    with ThreadPoolExecutor(max_workers=min(16, (os.cpu_count() or 2) * 2)) as pool:
-        futures = {name: pool.submit(validate, repo) for name, repo in repos.items()}
-        return {name: f.result() for name, f in futures.items()}
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_case(name: str, results: dict[str, subprocess.CompletedProcess]) -> None:
-    r = results[name]
-    assert "Traceback" not in r.stdout and "Traceback" not in r.stderr, r.stdout + r.stderr
+def test_case(name: str, tmp_path: Path) -> None:
+    r = validate(prepare(name, tmp_path))
     assert r.returncode == 1, f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
     lines = [ln for ln in r.stdout.splitlines() if not re.match(r"^\d+ error\(s\) in", ln)]
     expected = CASES[name]["expect"]
@@ -83,7 +97,7 @@ def test_case(name: str, results: dict[str, subprocess.CompletedProcess]) -> Non
 def test_github_format(name: str, tmp_path: Path) -> None:
     repo = prepare(name, tmp_path)
     r = validate(repo, "--format", "github")
-    assert r.returncode == 1 and "Traceback" not in r.stderr + r.stdout
+    assert r.returncode == 1
     lines = r.stdout.splitlines()
     expected = CASES[name]["expect"]
     assert len(lines) == len(expected), r.stdout
@@ -103,7 +117,7 @@ def test_json_format(tmp_path: Path) -> None:
     name = "template-itself-invalid"
     repo = prepare(name, tmp_path)
     r = validate(repo, "--format", "json")
-    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.returncode == 1
     doc = json.loads(r.stdout)
     assert set(doc) == {"valid", "files_checked", "errors"}
     assert doc["valid"] is False
@@ -131,7 +145,19 @@ def test_all_cases_in_one_repository_are_independent(tmp_path: Path) -> None:
             shutil.copy(src, dst)
         want += CASES[name]["expect"]
     r = validate(repo)
-    assert r.returncode == 1 and "Traceback" not in r.stdout + r.stderr
+    assert r.returncode == 1
     for e in want:
         assert f"{e['file']}:{e['line']}:{e['col']}: " in r.stdout, e
     assert re.search(rf"^{len(want)} error\(s\)", r.stdout, re.M), r.stdout
+
+
+@pytest.mark.parametrize("name, extra", [("yaml-duplicate-key", ()), ("input-symlink-escapes", ("--format", "github"))])
+def test_command_line_prints_what_main_returns(name: str, extra: tuple[str, ...], tmp_path: Path) -> None:
+    """The real command line (``python -m reconciler``, run in the case's folder) does what main does
+    in this process: same exit code, same output, no traceback."""
+    repo = prepare(name, tmp_path)
+    real = validate_subprocess(repo, *extra)
+    assert "Traceback" not in real.stdout + real.stderr, real.stdout + real.stderr
+    here = validate(repo, *extra)
+    assert (real.returncode, real.stdout, real.stderr) == (here.returncode, here.stdout, here.stderr)
+    assert real.returncode == 1 and real.stdout
