@@ -16,6 +16,7 @@ from typing import Callable
 
 from . import bundle as bundles
 from . import provenance, safetar
+from .actions import Action
 from .backends import launchers
 from .backends.base import LaunchResult, LaunchSpec, SlurmJob
 from .errors import PermanentError, ReconcilerError, TemporaryError
@@ -33,7 +34,7 @@ def _after_stage() -> None:
 @dataclass
 class Outcome:
     name: str
-    action: str
+    action: Action
     ok: bool = True
     error: str = ""
     permanent: bool = False
@@ -95,7 +96,7 @@ def apply(plan: Plan, ctx: ApplyContext) -> list[Outcome]:
 
 def _one(c: Change, ctx: ApplyContext) -> Outcome:
     out = Outcome(c.name, c.action, machine=c.machine, side=c.phase is None)
-    if c.action in ("provision", "release"):
+    if c.action in (Action.PROVISION, Action.RELEASE):
         return _rental_change(c, ctx, out)
     try:
         for k in c.kill:
@@ -105,7 +106,7 @@ def _one(c: Change, ctx: ApplyContext) -> Outcome:
             if done.get("error"):
                 raise TemporaryError(f"cannot stop {k.identity} on {k.machine}: {done['error']}")
             out.killed.append(k.identity)
-        if c.action == "terminate" and c.phase == "Terminated":
+        if c.action == Action.TERMINATE and c.phase == "Terminated":
             _collect_stopped(c, ctx, out)
         if c.collect_first is not None:
             f = c.collect_first
@@ -114,11 +115,11 @@ def _one(c: Change, ctx: ApplyContext) -> Outcome:
                     _collect_into(ctx, n.machine, n.identity, n.workspace, final=False)
                 except ReconcilerError:
                     pass  # the relaunch matters more than the failed attempt's logs; its workspace stays
-        if c.action in ("launch", "relaunch"):
+        if c.action in (Action.LAUNCH, Action.RELAUNCH):
             _launch(c, ctx, out)
-        elif c.action == "collect" and c.machine:
+        elif c.action == Action.COLLECT and c.machine:
             _collect(c, ctx, out)
-        elif c.action == "save":
+        elif c.action == Action.SAVE:
             from . import checkpoints
 
             checkpoints.save(ctx.transport_for(c.machine), c.identity, c.checkpoint, ctx.repo / ".reconciler",
@@ -287,7 +288,7 @@ def _rental_change(c: Change, ctx: ApplyContext, out: Outcome) -> Outcome:
             except ReconcilerError:
                 pass  # the lost machine's logs matter less than the new machine
         adapter = ctx.providers.get(c.rental["provider"])
-        if c.action == "provision":
+        if c.action == Action.PROVISION:
             offer = next(o for o in adapter.provider.spec.offers if o.id == c.rental["offer"])
             r = adapter.provision(c.rental["name"], offer)
             out.rental = {"provider": c.rental["provider"], "id": r.id, "name": r.name, "offer": offer.id,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from . import config as configs
 from . import status as statuses
+from .actions import Action
 from .errors import UsageError
 
 
@@ -251,7 +252,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return 0
     if change is not None:
         where = f" on {change.machine}" if change.machine else ""
-        if change.rental and change.action == "provision":
+        if change.rental and change.action == Action.PROVISION:
             where = f" renting {change.rental['provider']}/{change.rental['offer']} at {change.rental['price_per_hour']:g}/h"
         print(f"{args.name}: {change.action}{where} ({change.code})")
         print(f"  {change.reason}")
@@ -280,7 +281,7 @@ def rental_rows(cfg: configs.Config, now: float | None = None):
     rec = Reconciler(cfg)
     result = rec.run_pass(dry_run=True, now=now)
     now = result.plan.at
-    releases = {c.machine: c for c in result.plan.changes if c.action == "release"}
+    releases = {c.machine: c for c in result.plan.changes if c.action == Action.RELEASE}
     previous = statuses.load_all(cfg.repo / "status")
     runs: dict[str, tuple[str, float]] = {}
     for name, st in previous.items():

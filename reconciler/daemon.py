@@ -61,6 +61,7 @@ from . import config as configs
 from . import gitops
 from . import sdnotify
 from . import status as statuses
+from .actions import Action
 from .errors import ReconcilerError, UsageError
 from .metrics import KINDS, Metrics
 
@@ -405,7 +406,7 @@ class Daemon:
             _after_commit()
         self._account_plan(result)
         errors = [o for o in result.outcomes if not o.ok]
-        summary = {a: n for a, n in result.plan.summary().items() if a != "none"}
+        summary = {a: n for a, n in result.plan.summary().items() if a != Action.NONE}
         fields = dict(why=why, duration=round(result.duration, 3), plan=summary, transitions=result.transitions,
                       written=len(result.written), commit=(result.commit or "")[:12] or None,
                       retry_after=result.retry_after)
@@ -427,7 +428,7 @@ class Daemon:
         m.observe_pass(True, result.duration, time.time())
         m.set_machines({name: obs.reachable for name, obs in result.world.machines.items()})
         for c in result.plan.changes:
-            if c.action != "none":
+            if c.action != Action.NONE:
                 m.count("actions", c.action)
         for o in result.outcomes:
             if not o.ok:

@@ -12,6 +12,7 @@ pure (the plan, the observed world and the desired state in, sentences out).
 
 from __future__ import annotations
 
+from .actions import Action
 from .identity import parse
 from .observed import ObservedWorld
 from .plan import LOCAL, Plan
@@ -48,7 +49,7 @@ def shared_login_warnings(desired: DesiredState, world: ObservedWorld, plan: Pla
             if p is not None and r.alive:
                 placed.setdefault(m.name, set()).add(p.name)
     for c in plan.changes:
-        if c.action in ("launch", "relaunch"):
+        if c.action in (Action.LAUNCH, Action.RELAUNCH):
             for machine in [n.machine for n in c.nodes] or [c.machine]:
                 if machine:
                     placed.setdefault(machine, set()).add(c.name)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import gitops, safetar, status as statuses
+from .actions import Action
 from .apply import ApplyContext, Outcome, apply
 from .config import Config
 from .exposure import shared_login_warnings
@@ -230,7 +231,7 @@ class Reconciler:
         for c in plan.changes:
             prev = previous.get(c.name)
             if c.phase is not None and c.spec_path and (
-                    c.action in ("launch", "relaunch") or statuses.records_new_spec(prev, c)):
+                    c.action in (Action.LAUNCH, Action.RELAUNCH) or statuses.records_new_spec(prev, c)):
                 paths.append(c.spec_path)
         if not paths or self.repo is None:
             return {}
@@ -285,7 +286,7 @@ class Reconciler:
         """
         settled = {n: self.settled[n] for n in skipped}
         for c in plan.changes:
-            if (c.action != "none" or c.phase not in statuses.TERMINAL or c.name in desired.invalid
+            if (c.action != Action.NONE or c.phase not in statuses.TERMINAL or c.name in desired.invalid
                     or any(r.alive or not r.collected for r in world.instances(c.name))
                     or c.name in (on_rentals or {})):
                 continue

@@ -30,6 +30,7 @@ from prometheus_client import (CollectorRegistry, Counter, GCCollector, Histogra
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
 
+from .actions import Action
 from .plan import SYMBOL
 from .status import PHASES
 
@@ -41,7 +42,7 @@ PASS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 # What the daemon does over and over that can fail without stopping it: each has a health check.
 KINDS = ("fetch", "push", "pass")
-ACTIONS = tuple(a for a in SYMBOL if a != "none")  # the plan's actions, each counted from zero
+ACTIONS = tuple(a for a in SYMBOL if a != Action.NONE)  # the plan's actions, each counted from zero
 RESULTS = ("ok", "error")
 WEBHOOK_RESULTS = ("accepted", "refused", "ignored")
 

@@ -11,6 +11,7 @@ taken as unreachable since then. The planner, unchanged, does the rest; plain va
 
 from __future__ import annotations
 
+from .actions import Action
 from .observed import ObservedMachine, ObservedRental, ObservedRun, ObservedWorld
 from .offers import parse_rental_name
 from .plan import LOCAL
@@ -66,4 +67,4 @@ def recorded_world(desired: DesiredState, previous: dict[str, RunStatus], now: f
 def has_changes(plan) -> bool:
     """What ``--detailed-exitcode`` calls changes: anything but "none" (a wait that changes a
     status counts: merging changes what the repository says)."""
-    return any(c.action != "none" for c in plan.changes)
+    return any(c.action != Action.NONE for c in plan.changes)

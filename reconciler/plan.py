@@ -34,14 +34,19 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
+from .actions import Action
 from .identity import make, node_identity, node_of, parse
 from .observed import ObservedRun, ObservedWorld
 from .spec.load import DesiredState, RunEntry
 from .spec.resolve import effective
 from .status import TERMINAL, RunStatus, iso, parse_iso
 
-SYMBOL = {"launch": "+", "relaunch": "~", "terminate": "-", "collect": ">", "mark_invalid": "!", "wait": ".",
-          "adopt": "=", "none": " ", "provision": "^", "release": "x", "save": "s"}
+SYMBOL = {Action.LAUNCH: "+", Action.RELAUNCH: "~", Action.TERMINATE: "-", Action.COLLECT: ">",
+          Action.MARK_INVALID: "!", Action.WAIT: ".", Action.ADOPT: "=", Action.NONE: " ", Action.PROVISION: "^",
+          Action.RELEASE: "x", Action.SAVE: "s"}
+# The actions that change a machine, a rental or a copy of a run's files.
+MUTATING = frozenset({Action.LAUNCH, Action.RELAUNCH, Action.TERMINATE, Action.COLLECT, Action.PROVISION,
+                      Action.RELEASE, Action.SAVE})
 LOCAL = "local"
 SLURM_PREFIX = "slurm:"
 
@@ -73,7 +78,7 @@ class Node:
 @dataclass
 class Change:
     name: str
-    action: str
+    action: Action
     code: str  # machine-readable reason: NewRun, SpecChanged, BackOff, NoCapacity, ...
     reason: str
     phase: str | None  # the phase after a successful apply; None leaves the status alone
@@ -107,8 +112,7 @@ class Change:
 
     @property
     def mutates(self) -> bool:
-        return self.action in ("launch", "relaunch", "terminate", "collect", "provision", "release",
-                               "save") or bool(self.kill)
+        return self.action in MUTATING or bool(self.kill)
 
 
 @dataclass
@@ -120,15 +124,15 @@ class Plan:
     def for_run(self, name: str) -> Change | None:
         return next((c for c in self.changes if c.name == name and c.phase is not None), None)
 
-    def summary(self) -> dict[str, int]:
-        out: dict[str, int] = {}
+    def summary(self) -> dict[Action, int]:
+        out: dict[Action, int] = {}
         for c in self.changes:
             out[c.action] = out.get(c.action, 0) + 1
         return out
 
     def new_rentals(self) -> tuple[int, float]:
         """How many machines this plan rents, and what they cost per hour together."""
-        asked = [c.rental for c in self.changes if c.action == "provision" and c.rental]
+        asked = [c.rental for c in self.changes if c.action == Action.PROVISION and c.rental]
         return len(asked), sum(r.get("price_per_hour") or 0.0 for r in asked)
 
     def to_json(self) -> dict:
@@ -136,7 +140,7 @@ class Plan:
                 "warnings": list(self.warnings)}
 
     def text(self, verbose: bool = False) -> str:
-        shown = [c for c in self.changes if verbose or c.action != "none"]
+        shown = [c for c in self.changes if verbose or c.action != Action.NONE]
         warnings = "".join(f"\nWarning: {w}" for w in self.warnings)
         if not shown:
             return "No changes. The machines match the repository." + warnings
@@ -144,24 +148,24 @@ class Plan:
         lines = [f"Reconcile plan: {len(shown)} change(s)", ""]
         for c in shown:
             where = c.identity or ""
-            if c.machine and c.action in ("launch", "relaunch", "adopt", "collect", "save"):
+            if c.machine and c.action in (Action.LAUNCH, Action.RELAUNCH, Action.ADOPT, Action.COLLECT, Action.SAVE):
                 where += f" on {', '.join(n.machine for n in c.nodes) if c.nodes else c.machine}"
             notes = [where] if where else []
             if c.kill:
                 notes.append("(stop " + ", ".join(k.identity for k in c.kill) + ")")
             if c.collect_first:
                 notes.append(f"(collect {c.collect_first.identity})")
-            if c.rental and c.action == "provision":
+            if c.rental and c.action == Action.PROVISION:
                 notes.append(f"renting {c.rental['provider']}/{c.rental['offer']} at {c.rental['price_per_hour']:g}/h")
-            elif c.rental and c.action == "release":
+            elif c.rental and c.action == Action.RELEASE:
                 notes.append(f"give back {c.machine}")
-            if c.retry_after is not None and c.action != "provision":
+            if c.retry_after is not None and c.action != Action.PROVISION:
                 notes.append(f"(retry in {c.retry_after:.0f}s)")
             where = " ".join(notes)
             lines.append(f"  {SYMBOL[c.action]} {c.action:<12} {c.name:<{width}}  {where}")
             lines.append(f"      {' ' * 12} {'':<{width}}  {c.code}: {c.reason}")
         counts = self.summary()
-        lines += ["", "Plan: " + ", ".join(f"{n} {a}" for a, n in sorted(counts.items()) if a != "none") + "."]
+        lines += ["", "Plan: " + ", ".join(f"{n} {a}" for a, n in sorted(counts.items()) if a != Action.NONE) + "."]
         n, price = self.new_rentals()
         if n:
             lines.append(f"New rentals: {n}, estimated {price:g} per hour.")
@@ -479,7 +483,7 @@ def _saves(plan: Plan, world: ObservedWorld) -> list[Change]:
     once: the machine may vanish, the copy is what a relaunch elsewhere resumes from."""
     out = []
     for c in list(plan.changes):
-        if c.phase != "Running" or c.action not in ("none", "adopt") or not c.identity:
+        if c.phase != "Running" or c.action not in (Action.NONE, Action.ADOPT) or not c.identity:
             continue
         obs = world.find(c.identity)
         if obs is None or not obs.alive or obs.machine not in world.rentals or not obs.checkpoints:
@@ -487,7 +491,7 @@ def _saves(plan: Plan, world: ObservedWorld) -> list[Change]:
         newest = obs.checkpoints[-1]
         if newest.rsplit("/", 1)[-1] in world.saved_checkpoints.get((c.name, c.generation), set()):
             continue
-        out.append(Change(c.name, "save", "CheckpointCopy", f"copying {newest} of {c.identity} off {obs.machine}",
+        out.append(Change(c.name, Action.SAVE, "CheckpointCopy", f"copying {newest} of {c.identity} off {obs.machine}",
                           None, c.generation, c.attempt, identity=c.identity, machine=obs.machine,
                           workspace=obs.workspace, checkpoint=newest))
     return out
@@ -496,7 +500,7 @@ def _saves(plan: Plan, world: ObservedWorld) -> list[Change]:
 def _preempted(name: str, entry: RunEntry, prev: RunStatus | None, victim: tuple) -> Change:
     kill, why = victim
     p = parse(kill.identity)
-    return Change(name, "terminate", "Preempted", why, "Pending", p.generation, p.attempt, identity=kill.identity,
+    return Change(name, Action.TERMINATE, "Preempted", why, "Pending", p.generation, p.attempt, identity=kill.identity,
                   machine=kill.machine, kill=[kill], spec_digest=entry.digest, spec_path=entry.rel)
 
 
@@ -508,8 +512,8 @@ def _invalid(name: str, message: str, prev: RunStatus | None, world: ObservedWor
         message += f" (the last valid spec keeps running as {', '.join(alive)}; nothing is changed until the spec is fixed)"
     ident = prev.handle.identity if prev is not None and prev.handle is not None else None
     if prev and prev.phase == "Invalid" and prev.message == message:
-        return Change(name, "none", "SpecInvalid", "still invalid", "Invalid", gen, att, identity=ident)
-    return Change(name, "mark_invalid", "SpecInvalid", message, "Invalid", gen, att, identity=ident)
+        return Change(name, Action.NONE, "SpecInvalid", "still invalid", "Invalid", gen, att, identity=ident)
+    return Change(name, Action.MARK_INVALID, "SpecInvalid", message, "Invalid", gen, att, identity=ident)
 
 
 def _stop(name: str, entry: RunEntry | None, prev: RunStatus | None, world: ObservedWorld) -> Change:
@@ -522,22 +526,22 @@ def _stop(name: str, entry: RunEntry | None, prev: RunStatus | None, world: Obse
     alive = [r for r in world.instances(name) if r.alive or any(n.alive for n in r.nodes)]
     if alive:
         kills = [Kill(r.machine, r.identity, r.workspace) for r in alive]
-        return Change(name, "terminate", code, f"{why}: stopping {', '.join(r.identity for r in alive)}",
+        return Change(name, Action.TERMINATE, code, f"{why}: stopping {', '.join(r.identity for r in alive)}",
                       "Terminated", gen, att, kill=kills, spec_digest=digest, spec_path=path)
     ended = _ended_uncollected(name, prev, world)
     if prev is not None and prev.phase in TERMINAL:
         if ended is not None:  # stopped, but its collection failed: once more
-            return Change(name, "collect", code, f"{why}; collecting {ended.identity}", prev.phase, gen, att,
+            return Change(name, Action.COLLECT, code, f"{why}; collecting {ended.identity}", prev.phase, gen, att,
                           identity=ended.identity, machine=ended.machine, workspace=ended.workspace,
                           exit_code=prev.exit_code, spec_digest=prev.spec.digest, spec_path=prev.spec.path)
-        return Change(name, "none", code, f"{why}; nothing running", prev.phase, gen, att,
+        return Change(name, Action.NONE, code, f"{why}; nothing running", prev.phase, gen, att,
                       spec_digest=prev.spec.digest, spec_path=prev.spec.path)
     if ended is not None:
         # It finished before the stop: its own end is the run's end, kept with its exit code.
         phase = ENDED_PHASE[ended.state]
         p = parse(ended.identity)
         exit_note = f" (exit {ended.exit_code})" if ended.exit_code is not None else ""
-        return Change(name, "collect", code, f"{why}; {ended.identity} had already {ended.state}{exit_note}",
+        return Change(name, Action.COLLECT, code, f"{why}; {ended.identity} had already {ended.state}{exit_note}",
                       phase, p.generation, p.attempt, identity=ended.identity,
                       machine=ended.machine, workspace=ended.workspace, exit_code=ended.exit_code,
                       # The spec that attempt ran, not the one that stops it: the end belongs to it
@@ -546,13 +550,13 @@ def _stop(name: str, entry: RunEntry | None, prev: RunStatus | None, world: Obse
                       spec_path=path or (prev.spec.path if prev else None))
     unknown = _on_unreachable(world, prev)
     if unknown:
-        return Change(name, "wait", "MachineUnreachable",
+        return Change(name, Action.WAIT, "MachineUnreachable",
                       f"{why}, but {unknown} does not answer; it is stopped when it is back",
                       prev.phase if prev else "Unknown", gen, att, spec_digest=digest, spec_path=path)
     if prev is None:  # never launched: record it, with nothing to stop
-        return Change(name, "none", code, f"{why}; never launched", "Terminated", gen, att,
+        return Change(name, Action.NONE, code, f"{why}; never launched", "Terminated", gen, att,
                       spec_digest=digest, spec_path=path)
-    return Change(name, "terminate", code, f"{why}; nothing was running", "Terminated", gen, att,
+    return Change(name, Action.TERMINATE, code, f"{why}; nothing was running", "Terminated", gen, att,
                   spec_digest=digest, spec_path=path)
 
 
@@ -592,7 +596,7 @@ def _running(name: str, entry: RunEntry, prev: RunStatus | None, world: Observed
         # carries the identity).
         _stop_nodes(changes, g)
     for c in changes:
-        if c.action == "collect" and c.phase in ("Succeeded", "Failed"):
+        if c.action == Action.COLLECT and c.phase in ("Succeeded", "Failed"):
             # The run is over: the workspaces its earlier attempts left on remote machines can go
             # (they were collected when those attempts ended; local ones are the bundles themselves).
             c.cleanup = [Kill(r.machine, r.identity, r.workspace) for r in world.instances(name)
@@ -609,7 +613,7 @@ def _gang_changes(name, entry, prev, obs, world, desired, settings, now, launch,
     if obs.state == "staged":
         # A pass died between staging the nodes and starting them: start them where they are, with
         # the same GPUs (the rendezvous is chosen at launch, so nothing in the bundles is stale).
-        return [Change(name, "launch", "Launch", f"{ident} was staged but never started; starting it", "Running",
+        return [Change(name, Action.LAUNCH, "Launch", f"{ident} was staged but never started; starting it", "Running",
                        identity=ident, machine=obs.machine, backend=_backend(entry, desired), gpus=list(obs.gpus),
                        kill=stale, nodes=[Node(r.machine, r.identity, r.workspace, list(r.gpus)) for r in obs.nodes],
                        **base)]
@@ -645,7 +649,7 @@ def _unreachable_wait(name, where, ident, prev, world, settings, now, base) -> t
     if left <= 0:
         return since, None
     # No countdown in the text: an unchanged wait must leave the status byte-identical.
-    return since, Change(name, "wait", "MachineUnreachable",
+    return since, Change(name, Action.WAIT, "MachineUnreachable",
                          f"{where} does not answer ({world.machines[where].error or 'no reply'}); "
                          f"{ident} is declared lost at {iso(since + settings.unreachable_grace)} "
                          "if it still does not answer",
@@ -698,7 +702,7 @@ def expand_gangs(plan: Plan, world: ObservedWorld) -> None:
         if c.collect_first is not None and nodes_of(c.collect_first.identity):
             c.collect_nodes = [Node(r.machine, r.identity, r.workspace, list(r.gpus))
                                for r in nodes_of(c.collect_first.identity)]
-        if c.action == "collect" and not c.nodes and nodes_of(c.identity):
+        if c.action == Action.COLLECT and not c.nodes and nodes_of(c.identity):
             c.nodes = [Node(r.machine, r.identity, r.workspace, list(r.gpus)) for r in nodes_of(c.identity)]
 
 
@@ -753,7 +757,7 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
         if missing:
             # Staging nothing and spending no attempt: the launch happens on the first pass after
             # the secret is set. Stale instances are still stopped: they run a spec not wanted.
-            return [Change(name, "wait", "SecretMissing",
+            return [Change(name, Action.WAIT, "SecretMissing",
                            f"secret(s) {', '.join(missing)} not set on the reconciler host; "
                            f"{make(name, gen, next_attempt)} launches once they are",
                            "Pending", identity=make(name, gen, next_attempt), kill=stale,
@@ -770,7 +774,8 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
         if quotas is not None:
             over = quotas.exceeded(name, wanted_gpus)
             if over:
-                return [Change(name, "wait", "QuotaExceeded", over, "Pending", identity=make(name, gen, next_attempt),
+                return [Change(name, Action.WAIT, "QuotaExceeded", over, "Pending",
+                               identity=make(name, gen, next_attempt),
                                kill=stale, retry_after=60.0, **nbase)]
         if template.placement.slurm is not None:
             # The cluster's scheduler places it: the run is submitted, and waits in Slurm's queue
@@ -792,16 +797,17 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
             out = _place(name, entry, desired, slots, make(name, gen, next_attempt), code, why, stale,
                          nbase, resume_from, book)
         c = out[-1]
-        if quotas is not None and c.action in ("launch", "relaunch", "provision"):
+        if quotas is not None and c.action in (Action.LAUNCH, Action.RELAUNCH, Action.PROVISION):
             note = quotas.borrowing(name, wanted_gpus)
             if note:
                 c.considered = c.considered + [note]
             gpus = wanted_gpus
-            if c.rental and c.action == "provision":
+            if c.rental and c.action == Action.PROVISION:
                 from .quota import _offer_gpus
 
                 gpus = _offer_gpus(desired, c.rental.get("provider"), c.rental.get("offer")) or gpus
-            quotas.add(name, gpus, (c.rental or {}).get("price_per_hour") or 0.0 if c.action == "provision" else 0.0)
+            quotas.add(name, gpus,
+                       (c.rental or {}).get("price_per_hour") or 0.0 if c.action == Action.PROVISION else 0.0)
         return out
 
     handle_ident = prev.handle.identity if prev and prev.handle else None
@@ -814,7 +820,7 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
         # Staged by an earlier pass that could not start it (or died first): finish launching it.
         return launch(attempt, "Launch", f"{ident} was staged but never started; starting it")
     if obs is not None and obs.state == "unknown":
-        return [Change(name, "wait", "ObserveFailed", f"{obs.machine} cannot tell whether {ident} runs: "
+        return [Change(name, Action.WAIT, "ObserveFailed", f"{obs.machine} cannot tell whether {ident} runs: "
                        f"{obs.message or 'no answer'}", prev.phase if prev else "Unknown", identity=ident,
                        machine=obs.machine, retry_after=30.0, **base)]
     if obs is None:
@@ -826,7 +832,7 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
             return _after_failure(name, entry, prev, ident, None, f"lost: {unknown} unreachable for "
                                   f"{now - since:.0f}s", now, launch, base, policy, lost_at=since + settings.unreachable_grace)
         if same_spec and prev is not None and prev.phase in TERMINAL and prev.attempt == attempt:
-            return [Change(name, "none", "Done", f"{prev.phase.lower()}; nothing to do", prev.phase,
+            return [Change(name, Action.NONE, "Done", f"{prev.phase.lower()}; nothing to do", prev.phase,
                            exit_code=prev.exit_code, identity=ident, **base)]
         if handle_ident == ident and prev is not None and prev.phase not in ("Pending", "Provisioning"):
             return _after_failure(name, entry, prev, ident, None, "lost: the workspace is gone from its machine",
@@ -844,35 +850,39 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
         return launch(attempt, "NewRun" if prev is None or prev.generation == 0 else "Launch", why)
 
     if obs.state == "running" and obs.queued is not None:
-        return [Change(name, "wait", "Queued", f"{ident} is queued in Slurm (job {obs.job}): {obs.queued}", "Pending",
+        return [Change(name, Action.WAIT, "Queued",
+                       f"{ident} is queued in Slurm (job {obs.job}): {obs.queued}", "Pending",
                        identity=ident, machine=obs.machine, kill=stale, retry_after=15.0, **base)]
     if obs.state == "running":
         if (prev is not None and prev.phase == "Pending" and handle_ident == ident
                 and obs.machine.startswith(SLURM_PREFIX)):
-            return [Change(name, "adopt", "Started", f"Slurm started {ident} (job {obs.job})", "Running",
+            return [Change(name, Action.ADOPT, "Started", f"Slurm started {ident} (job {obs.job})", "Running",
                            identity=ident, machine=obs.machine, backend=_backend(entry, desired),
                            workspace=obs.workspace, gpus=list(obs.gpus), kill=stale, **base)]
         if prev is not None and prev.phase == "Invalid" and handle_ident == ident:
-            return [Change(name, "adopt", "SpecValid", f"the spec is valid again; {ident} kept running on {obs.machine}",
+            return [Change(name, Action.ADOPT, "SpecValid",
+                           f"the spec is valid again; {ident} kept running on {obs.machine}",
                            "Running", identity=ident, machine=obs.machine, backend=_backend(entry, desired),
                            workspace=obs.workspace, gpus=list(obs.gpus), kill=stale, **base)]
         if prev is None or prev.phase != "Running" or handle_ident != ident:
-            return [Change(name, "adopt", "Adopted", f"found {ident} running on {obs.machine}; adopting it", "Running",
+            return [Change(name, Action.ADOPT, "Adopted",
+                           f"found {ident} running on {obs.machine}; adopting it", "Running",
                            identity=ident, machine=obs.machine, backend=_backend(entry, desired), workspace=obs.workspace,
                            gpus=list(obs.gpus), kill=stale, **base)]
         stalled = _stalled(run, obs, now)
         if stalled and run.spec.stall.action == "terminate":
-            return [Change(name, "terminate", "Stalled", f"{stalled}; terminating {ident} (stall.action: terminate)",
+            return [Change(name, Action.TERMINATE, "Stalled",
+                           f"{stalled}; terminating {ident} (stall.action: terminate)",
                            "Running", identity=ident, machine=obs.machine, stalled=stalled,
                            kill=stale + [Kill(obs.machine, ident, obs.workspace)], **base)]
-        return [Change(name, "none" if not stale else "terminate", "Running" if not stale else "Fenced",
+        return [Change(name, Action.NONE if not stale else Action.TERMINATE, "Running" if not stale else "Fenced",
                        "running" if not stale else "stopping stale instances", "Running", identity=ident,
                        machine=obs.machine, kill=stale, stalled=stalled, **base)]
 
     if obs.state == "succeeded":
         if obs.collected and prev is not None and prev.phase == "Succeeded" and handle_ident == ident:
-            return [Change(name, "none", "Done", "succeeded", "Succeeded", identity=ident, exit_code=0, **base)]
-        return [Change(name, "collect", "Succeeded", f"{ident} succeeded (exit 0)", "Succeeded", identity=ident,
+            return [Change(name, Action.NONE, "Done", "succeeded", "Succeeded", identity=ident, exit_code=0, **base)]
+        return [Change(name, Action.COLLECT, "Succeeded", f"{ident} succeeded (exit 0)", "Succeeded", identity=ident,
                        machine=obs.machine, workspace=obs.workspace, exit_code=0, kill=stale, backend=_backend(entry, desired),
                        **base)]
 
@@ -883,7 +893,7 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
         resume = ident if getattr(run.spec.task, "resume", "never") == "auto" else None
         changes = launch(attempt + 1, "Resume", f"{ident} was preempted; running it again", resume_from=resume)
         c = changes[-1]
-        if not obs.collected and c.action in ("relaunch", "launch", "provision"):
+        if not obs.collected and c.action in (Action.RELAUNCH, Action.LAUNCH, Action.PROVISION):
             c.collect_first = Kill(obs.machine, obs.identity, obs.workspace)
         return changes
 
@@ -944,35 +954,35 @@ def _after_failure(name, entry, prev, ident, obs, why, now, launch, base, policy
         left = finished + policy.backoffSeconds - now
         if left > 0:
             # A time, not a countdown: the status of a run waiting out its backoff stays byte-identical.
-            c = Change(name, "wait", "BackOff",
+            c = Change(name, Action.WAIT, "BackOff",
                        f"{why}; retry {retries_used + 1}/{policy.maxRetries} at {iso(finished + policy.backoffSeconds)}",
                        "Pending",
                        retry_after=left, identity=ident, exit_code=exit_code, **base)
             if obs is not None and not obs.collected:
-                c.action, c.machine, c.workspace = "collect", obs.machine, obs.workspace
+                c.action, c.machine, c.workspace = Action.COLLECT, obs.machine, obs.workspace
             return [c]
         resume = ident if getattr(entry.run.spec.task, "resume", "never") == "auto" else None
         changes = launch(attempt + 1, "Relaunch", f"{why}; retry {retries_used + 1}/{policy.maxRetries}",
                          resume_from=resume)
         c = changes[-1]
-        if obs is not None and not obs.collected and c.action in ("relaunch", "provision"):
+        if obs is not None and not obs.collected and c.action in (Action.RELAUNCH, Action.PROVISION):
             # Its logs and manifest (a relaunch on a new rental asks for the machine first).
             c.collect_first = Kill(obs.machine, obs.identity, obs.workspace)
         return changes
     phase = "Failed"
     if obs is not None and not obs.collected:
-        return [Change(name, "collect", "Failed", f"{why}; {no_retry}", phase, identity=ident,
+        return [Change(name, Action.COLLECT, "Failed", f"{why}; {no_retry}", phase, identity=ident,
                        machine=obs.machine, workspace=obs.workspace, exit_code=exit_code, **base)]
     if prev is not None and prev.phase == phase and prev.attempt == attempt:
-        return [Change(name, "none", "Done", "failed; no retries left", phase, identity=ident,
+        return [Change(name, Action.NONE, "Done", "failed; no retries left", phase, identity=ident,
                        exit_code=prev.exit_code, **base)]
-    return [Change(name, "none", "Failed", f"{why}; {no_retry}", phase, identity=ident, exit_code=exit_code,
+    return [Change(name, Action.NONE, "Failed", f"{why}; {no_retry}", phase, identity=ident, exit_code=exit_code,
                    **base)]
 
 
-def _launch_action(stale: list, code: str) -> str:
+def _launch_action(stale: list, code: str) -> Action:
     """A launch that replaces something (stale instances, a failed attempt, another spec) is a relaunch."""
-    return "relaunch" if (stale or code in ("Relaunch", "SpecChanged", "GenerationTaken")) else "launch"
+    return Action.RELAUNCH if (stale or code in ("Relaunch", "SpecChanged", "GenerationTaken")) else Action.LAUNCH
 
 
 def _backend(entry: RunEntry, desired: DesiredState) -> str | None:
@@ -994,7 +1004,7 @@ def _place(name, entry, desired, slots, ident, code, why, stale, base, resume_fr
     if res.nodes > 1:
         return [_place_gang(name, eff, candidates, res, ident, action, code, why, stale, base, resume_from, book)]
     if not candidates and not fallback:
-        return [Change(name, "wait", "NoMachine", f"no machine matches target {eff.target!r}", "Pending",
+        return [Change(name, Action.WAIT, "NoMachine", f"no machine matches target {eff.target!r}", "Pending",
                        identity=ident, kill=stale, retry_after=60.0, **base)]
     wanted = res.wanted_types()
     spec = entry.run.spec
@@ -1059,7 +1069,7 @@ def _place(name, entry, desired, slots, ident, code, why, stale, base, resume_fr
                            resume_from, target_any=True)
         out[-1].considered = rejected + ["owned machines are full: renting"] + out[-1].considered
         return out
-    return [Change(name, "wait", "NoCapacity", "no capacity: " + "; ".join(rejected), "Pending",
+    return [Change(name, Action.WAIT, "NoCapacity", "no capacity: " + "; ".join(rejected), "Pending",
                    identity=ident, kill=stale, retry_after=30.0, considered=rejected, **base)]
 
 
@@ -1076,7 +1086,7 @@ def _place_gang(name, eff, candidates, res, ident, action, code, why, stale, bas
             ranked.append((option, slot))
     shown = _shown(rejected)
     if len(ranked) < res.nodes:
-        return Change(name, "wait", "NoCapacity", f"no capacity: {res.nodes} machines needed at once, "
+        return Change(name, Action.WAIT, "NoCapacity", f"no capacity: {res.nodes} machines needed at once, "
                       f"{len(ranked)} have room" + ("; " + "; ".join(shown) if shown else ""), "Pending",
                       identity=ident, kill=stale, retry_after=30.0, considered=shown, **base)
     ranked.sort(key=lambda x: x[0])
@@ -1166,7 +1176,7 @@ def _place_constrained(name, eff, candidates, res, wanted, ident, action, code, 
                            resume_from, target_any=True)
         out[-1].considered = shown + ["owned machines are full: renting"] + out[-1].considered
         return out
-    return [Change(name, "wait", "NoCapacity", "no capacity: " + "; ".join(shown), "Pending", identity=ident,
+    return [Change(name, Action.WAIT, "NoCapacity", "no capacity: " + "; ".join(shown), "Pending", identity=ident,
                    kill=stale, retry_after=30.0, considered=shown, **base)]
 
 
@@ -1222,7 +1232,8 @@ def _preempt(name, entry, desired, candidates, res, ident, stale, base, book) ->
                                   f"preempted by {name} ({mine_class or mine}) to make room on {slot.name}; "
                                   "it runs again when there is room, resuming from its last checkpoint")
         names.append(r.identity)
-    return Change(name, "wait", "Preempting", f"stopping {', '.join(names)} (lower priority) on {slot.name} to make "
+    return Change(name, Action.WAIT, "Preempting",
+                  f"stopping {', '.join(names)} (lower priority) on {slot.name} to make "
                   "room; placed there once they have stopped", "Pending", identity=ident, kill=stale,
                   retry_after=max(1.0, rule.graceSeconds / 4), machine=None,
                   considered=[f"{slot.name}: room after preempting {', '.join(names)}"], **base)
@@ -1274,7 +1285,7 @@ def _fences(world: ObservedWorld, protected: set[str], covered: set[str], known:
                 why = (f"{ident} is alive on {m.name} but no spec or status names {p.name}"
                        if p is not None and p.name not in known else
                        f"{ident} is alive on {m.name} but is not the run's current instance")
-                out.append(Change(p.name if p else ident, "terminate", "Fenced", why,
+                out.append(Change(p.name if p else ident, Action.TERMINATE, "Fenced", why,
                                   None, p.generation if p else 0, p.attempt if p else 0,
                                   kill=[Kill(m.name, ident, r.workspace)]))
     return out
@@ -1308,7 +1319,7 @@ def _leftovers(plan: Plan, world: ObservedWorld, protected: set[str], known: set
             remove = (r.state == "staged" or p.name not in known
                       or (m.name != LOCAL and current_gen.get(p.name) != p.generation))
             what = "staged but never started" if r.state == "staged" else r.state
-            out.append(Change(p.name, "collect", "Leftover",
+            out.append(Change(p.name, Action.COLLECT, "Leftover",
                               f"{ident} on {m.name} ({what}) is not the run's current instance; "
                               + ("collecting and removing it" if remove else "collecting it"),
                               None, p.generation, p.attempt, identity=ident, machine=m.name,

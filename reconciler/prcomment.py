@@ -22,6 +22,7 @@ import urllib.request
 from pathlib import Path
 
 from . import display
+from .actions import Action
 from .errors import ReconcilerError
 
 MARKER = "<!-- reconcile-plan -->"
@@ -37,7 +38,7 @@ def _cell(text) -> str:
 
 def markdown(plan, offline: bool = True, diagnostics: list[str] | None = None) -> str:
     """The plan as markdown: a table of changes (runs with nothing to do left out), counts, warnings."""
-    shown = [c for c in plan.changes if c.action != "none"]
+    shown = [c for c in plan.changes if c.action != Action.NONE]
     title = "Reconcile plan" + (" (offline: from the committed status files)" if offline else "")
     lines = [MARKER, f"### {title}", ""]
     if diagnostics:
@@ -46,7 +47,7 @@ def markdown(plan, offline: bool = True, diagnostics: list[str] | None = None) -
         lines.append("No changes: merging this changes nothing on the machines.")
     else:
         counts = plan.summary()
-        lines.append("**" + ", ".join(f"{n} {a}" for a, n in sorted(counts.items()) if a != "none") + "**")
+        lines.append("**" + ", ".join(f"{n} {a}" for a, n in sorted(counts.items()) if a != Action.NONE) + "**")
         rented, price = plan.new_rentals()
         if rented:
             lines += ["", f"New rentals: {rented}, estimated **{price:g} per hour**."]

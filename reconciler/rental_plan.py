@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .actions import Action
 from .identity import parse
 from .observed import ObservedRental, ObservedWorld
 from .offers import fits, offer_key, rental_name
@@ -112,7 +113,7 @@ class RentalBook:
         return offer is not None and self.bad_offers.get((provider, offer), 0) > self.now
 
 
-def place_rental(book: RentalBook, name: str, entry, eff, prev: RunStatus | None, ident: str, action: str,
+def place_rental(book: RentalBook, name: str, entry, eff, prev: RunStatus | None, ident: str, action: Action,
                  code: str, why: str, stale: list, base: dict, resume_from: str | None,
                  target_any: bool = False) -> list:
     from .plan import Change
@@ -121,7 +122,7 @@ def place_rental(book: RentalBook, name: str, entry, eff, prev: RunStatus | None
     target = None if target_any else eff.target  # an ssh template's fallback: its target names a fleet
     providers = {n: p for n, p in book.desired.providers.items() if target is None or n == target}
     if not providers:
-        return [Change(name, "wait", "NoProvider", f"no Provider named {target!r}" if target
+        return [Change(name, Action.WAIT, "NoProvider", f"no Provider named {target!r}" if target
                        else "no Provider is defined", "Pending", identity=ident, kill=stale, retry_after=60.0, **base)]
     side: list = []
 
@@ -158,7 +159,7 @@ def place_rental(book: RentalBook, name: str, entry, eff, prev: RunStatus | None
                                      f"{r.name} on {r.provider} still not running after {timeout:g}s; giving it back"))
                 continue
             book.held[r.machine] = name
-            return side + [Change(name, "wait", "Provisioning",
+            return side + [Change(name, Action.WAIT, "Provisioning",
                                   f"rental {r.provider}/{r.id} ({r.offer}) is being provisioned since {iso(since)}",
                                   "Provisioning", identity=ident, kill=stale, retry_after=2.0,
                                   rental=rental_info(r, offer), **base)]
@@ -184,12 +185,12 @@ def place_rental(book: RentalBook, name: str, entry, eff, prev: RunStatus | None
     cost = cost_so_far(prev, book.now) if prev is not None else 0.0
     max_cost = entry.run.spec.maxCost
     if max_cost is not None and cost >= max_cost:
-        return side + [Change(name, "wait", "CostLimit", f"the run's rentals cost {cost:.2f} of its maxCost "
+        return side + [Change(name, Action.WAIT, "CostLimit", f"the run's rentals cost {cost:.2f} of its maxCost "
                               f"{max_cost:g}; no new rental", "Pending", identity=ident, kill=stale,
                               retry_after=300.0, **base)]
     options = sorted((offer_key(pn, o), pn, o) for pn, p in providers.items() for o in p.spec.offers if fits(o, res))
     if not options:
-        return side + [Change(name, "wait", "NoOffer", "no provider offer fits the run's resources", "Pending",
+        return side + [Change(name, Action.WAIT, "NoOffer", "no provider offer fits the run's resources", "Pending",
                               identity=ident, kill=stale, retry_after=300.0, **base)]
     blocked = []
     quotas = getattr(book, "quotas", None)
@@ -225,7 +226,7 @@ def place_rental(book: RentalBook, name: str, entry, eff, prev: RunStatus | None
         considered += [f"{qn}/{q.id}: fits, ranked lower ({q.price_per_hour:g}/h)" for _, qn, q in options
                        if (qn, q.id) != (pn, o.id) and not any(b.startswith(f"{qn}/{q.id}:") or b.startswith(f"{qn}:")
                                                                for b in blocked)]
-        return side + [Change(name, "provision", "Provision",
+        return side + [Change(name, Action.PROVISION, "Provision",
                               f"{why}; renting {o.id} from {pn} ({o.price_per_hour:g}/h)",
                               "Provisioning", identity=ident, kill=stale, retry_after=2.0, considered=considered,
                               rental={"provider": pn, "id": None, "name": rname, "offer": o.id,
@@ -235,7 +236,7 @@ def place_rental(book: RentalBook, name: str, entry, eff, prev: RunStatus | None
         code = "ProviderUnavailable"
     elif all("team " in b for b in blocked):
         code = "QuotaExceeded"
-    return side + [Change(name, "wait", code, "no rental: " + "; ".join(blocked), "Pending", identity=ident,
+    return side + [Change(name, Action.WAIT, code, "no rental: " + "; ".join(blocked), "Pending", identity=ident,
                           kill=stale, retry_after=60.0 if code == "ProviderUnavailable" else 300.0,
                           considered=blocked, **base)]
 
@@ -243,7 +244,7 @@ def place_rental(book: RentalBook, name: str, entry, eff, prev: RunStatus | None
 def _release(book: RentalBook, r: ObservedRental, who: str, code: str, why: str):
     from .plan import Change
 
-    c = Change(who, "release", code, why, None, machine=r.machine, rental=rental_info(r))
+    c = Change(who, Action.RELEASE, code, why, None, machine=r.machine, rental=rental_info(r))
     book.released[r.machine] = c
     return c
 

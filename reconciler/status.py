@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from ruamel.yaml import YAML
 
+from .actions import Action
 from .spec.models import DNS_LABEL, DNS_LABEL_MAX
 from .yamlemit import Flow, pyyaml_dump
 from .yamlemit import dump as emit_yaml
@@ -494,18 +495,19 @@ def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_com
             st.exit_code = None
             record(st, "Failed", outcome.error, now)
             st.message = outcome.error
-            set_condition(st, "Ready", "False", "LaunchFailed" if change.action in ("launch", "relaunch") else "Error",
+            set_condition(st, "Ready", "False",
+                          "LaunchFailed" if change.action in (Action.LAUNCH, Action.RELAUNCH) else "Error",
                           outcome.error, now)
         else:
-            phase = st.phase if change.action not in ("launch", "relaunch") else "Pending"
+            phase = st.phase if change.action not in (Action.LAUNCH, Action.RELAUNCH) else "Pending"
             record(st, phase, f"{change.action} failed: {outcome.error}", now)
             st.message = f"{change.action} failed, will retry: {outcome.error}"
             set_condition(st, "Ready", "False", "RetryableError", outcome.error, now)
     elif change.phase is not None:
-        if change.action in ("launch", "relaunch", "adopt") and (outcome is None or outcome.ok):
+        if change.action in (Action.LAUNCH, Action.RELAUNCH, Action.ADOPT) and (outcome is None or outcome.ok):
             launched = outcome.launched if outcome is not None else None
             ws = (launched.workspace if launched else None) or change.workspace
-            if change.action == "adopt" or launched is not None:
+            if change.action == Action.ADOPT or launched is not None:
                 keep_time = st.handle is not None and st.handle.identity == change.identity and st.handle.launched_at
                 st.handle = Handle(
                     backend=change.backend, machine=change.machine, identity=change.identity, workspace=ws,
@@ -517,7 +519,7 @@ def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_com
                 )
             st.exit_code = None
             st.retry_at = None
-            if change.action in ("launch", "relaunch") and launched is not None and not launched.adopted:
+            if change.action in (Action.LAUNCH, Action.RELAUNCH) and launched is not None and not launched.adopted:
                 st.progress = None  # the previous attempt's progress is not this one's
             if launched is not None and launched.adopted:
                 reason = f"{change.reason} (found {change.identity} already running: adopted)"
@@ -525,7 +527,7 @@ def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_com
                 reason = change.reason
             record(st, change.phase, reason, now)
             st.message = reason
-        elif change.action == "none":
+        elif change.action == Action.NONE:
             st.phase = change.phase
             if not st.history:
                 record(st, change.phase, change.reason, now)
@@ -555,7 +557,8 @@ def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_com
             prev is None or prev.condition("Preempted") is None or prev.condition("Preempted").status != "True"):
         st.preemptions = (st.preemptions or 0) + 1
     if change.considered and change.phase is not None and (outcome is None or outcome.ok):
-        st.placement = {"action": change.action, "code": change.code, "considered": list(change.considered[:20])}
+        # A plain string: the status file is YAML, and PyYAML's safe writer refuses the enum.
+        st.placement = {"action": str(change.action), "code": change.code, "considered": list(change.considered[:20])}
     if outcome is not None and outcome.ok and outcome.manifest is not None:
         arts = outcome.manifest.get("artifacts", [])
         st.artifacts = [{"path": a["path"], "size": a["size"]} for a in arts[:30]]
@@ -587,7 +590,7 @@ def _rental_status(st: RunStatus, change, outcome, now: float) -> None:
     ``so_far`` holds the closed ones, so a running run's status stays byte-identical."""
     rental = (outcome.rental if outcome is not None and outcome.rental else None) or change.rental
     ok = outcome is None or outcome.ok
-    if change.action == "provision" and rental:
+    if change.action == Action.PROVISION and rental:
         if ok:
             st.handle = Handle(identity=change.identity, rental={k: rental.get(k) for k in
                                                                  ("provider", "id", "name", "offer", "price_per_hour")})
@@ -595,14 +598,14 @@ def _rental_status(st: RunStatus, change, outcome, now: float) -> None:
                           f"{rental['offer']} ({rental['name']})", now)
         else:
             set_condition(st, "Provisioned", "False", "ProvisionFailed", outcome.error, now)
-    elif change.action == "wait" and change.code == "Provisioning" and rental:
+    elif change.action == Action.WAIT and change.code == "Provisioning" and rental:
         if st.handle is None or st.handle.rental is None or st.handle.rental.get("id") != rental.get("id"):
             st.handle = Handle(identity=change.identity, rental={k: rental.get(k) for k in
                                                                  ("provider", "id", "name", "offer", "price_per_hour")})
         set_condition(st, "Provisioned", "False", "Provisioning", change.reason, now)
-    elif change.action == "wait" and change.code in RENTAL_WAITS:
+    elif change.action == Action.WAIT and change.code in RENTAL_WAITS:
         set_condition(st, "Provisioned", "False", change.code, change.reason, now)
-    elif change.action in ("launch", "relaunch") and rental:
+    elif change.action in (Action.LAUNCH, Action.RELAUNCH) and rental:
         set_condition(st, "Provisioned", "True", "Running", f"{change.machine} ({rental.get('offer')})", now)
         step = outcome.rental_step if outcome is not None else None
         if ok or step == "gpus":
@@ -666,7 +669,7 @@ def _key_note(key: str | None) -> str:
 
 def _steady(prev: RunStatus | None, change, outcome) -> bool:
     """Nothing happened to this run: same phase, generation, attempt and spec, no action taken."""
-    if not (prev is not None and change.action == "none" and outcome is None and prev.phase == change.phase
+    if not (prev is not None and change.action == Action.NONE and outcome is None and prev.phase == change.phase
             and prev.generation == change.generation and prev.attempt == change.attempt
             and (change.spec_digest is None or prev.spec.digest == change.spec_digest) and bool(prev.history)):
         return False
@@ -707,15 +710,16 @@ def _conditions(st: RunStatus, change, now: float) -> None:
     set_condition(st, "SpecValid", "True", "Valid", "", now)
     if code == "MachineUnreachable":
         set_condition(st, "MachineReachable", "False", "Unreachable", change.reason, now)
-    elif st.handle is not None and change.action != "wait":
+    elif st.handle is not None and change.action != Action.WAIT:
         set_condition(st, "MachineReachable", "True", "Reachable", "", now)
     if code == "SecretMissing":
         set_condition(st, "SecretsAvailable", "False", "SecretMissing", change.reason, now)
-    elif st.condition("SecretsAvailable") is not None and change.action in ("launch", "relaunch", "adopt"):
+    elif (st.condition("SecretsAvailable") is not None
+          and change.action in (Action.LAUNCH, Action.RELAUNCH, Action.ADOPT)):
         set_condition(st, "SecretsAvailable", "True", "SecretsSet", "", now)
     if code == "Preempted":
         set_condition(st, "Preempted", "True", "Preempted", change.reason, now)
-    elif st.condition("Preempted") is not None and change.action in ("launch", "relaunch", "adopt"):
+    elif st.condition("Preempted") is not None and change.action in (Action.LAUNCH, Action.RELAUNCH, Action.ADOPT):
         set_condition(st, "Preempted", "False", "Placed", "", now)
     if code == "NoCapacity" or code == "NoMachine":
         set_condition(st, "Scheduled", "False", code, change.reason, now)

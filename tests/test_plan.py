@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from reconciler.actions import Action
 from reconciler.identity import parse
 from reconciler.observed import ObservedMachine, ObservedRun, ObservedWorld
-from reconciler.plan import PlanSettings, make_plan
+from reconciler.plan import SYMBOL, Change, Plan, PlanSettings, make_plan
 from reconciler.spec.load import DesiredState, RunEntry, run_digest
 from reconciler.spec.models import ExecutionTemplate, Fleet, Run
 from reconciler.status import RunStatus
@@ -102,3 +103,16 @@ def test_a_gpu_in_use_outside_the_reconciler_is_not_handed_out():
     plan = make_plan(*build(case))
     assert plan.for_run("a").gpus == [1]
     assert "(1 in use outside the reconciler)" in plan.for_run("b").reason
+
+
+def test_every_action_renders_as_its_plain_value():
+    # The text plan looks each action up in SYMBOL: a member missing there would crash rendering.
+    assert set(SYMBOL) == set(Action)
+    for a in Action:
+        assert f"{a}" == f"{a:<12}".rstrip() == str(a) == "%s" % a == a.value
+        assert json.dumps(a) == json.dumps(a.value)
+        assert json.dumps({a: 1}) == json.dumps({a.value: 1})
+        assert yaml.safe_dump(str(a)) == yaml.safe_dump(a.value)
+        text = Plan([Change("r", a, "Code", "why", None)]).text(verbose=True)
+        assert f"  {SYMBOL[a]} {a.value:<12} r  " in text
+    assert sorted(Action) == sorted(Action, key=lambda a: a.value)
