@@ -162,17 +162,13 @@ def secret_refusals(desired: DesiredState, run) -> list[str]:
     """Why the run may not have each secret it lists that it may not have (empty: it may have them
     all), by the Policy's grants and the names the reconciler keeps to itself. A Policy file that
     is there but invalid grants nothing: its rules cannot be read, so no secret leaves."""
+    from .spec.checks import provider_credentials
     from .spec.models import secret_refusal
 
     if run.spec.secrets and desired.policy is None and any(f.kind == "Policy" for f in desired.files):
         return [f"the Policy is invalid, so no secret is given to any run ({', '.join(run.spec.secrets)} held back)"]
     policy = desired.policy.spec if desired.policy is not None else None
-    # Every Provider's credential, an invalid Provider's too (its file still names it).
-    reserved = {p.spec.credentials for p in desired.providers.values() if p.spec.credentials}
-    for f in desired.files:
-        spec = f.data.get("spec") if f.kind == "Provider" and isinstance(f.data, dict) else None
-        if isinstance(spec, dict) and isinstance(spec.get("credentials"), str):
-            reserved.add(spec["credentials"])
+    reserved = provider_credentials(desired.files)  # the same names validation holds back
     rules = policy.secrets if policy is not None else None
     label = policy.teamLabel if policy is not None else "team"
     team = run.metadata.labels.get(label)
@@ -406,7 +402,7 @@ def _collect_into(ctx: ApplyContext, machine: str, identity: str, workspace: str
     # What the machine sent that is not a plain file or folder (a FIFO, a link), or beyond the
     # limits, was left out: the collection still counts (the run ends, its machine is released),
     # and what was left out is said in the manifest and the run's status.
-    note = got.note() if got is not None else ""
+    note = got.note()
     collection = dict(got.as_dict(), note=note) if note else None
     if local_dir.is_dir():  # artifacts/manifest.json: provenance and every artifact's size and hash
         full = provenance.write(local_dir, collection=collection)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import posixpath
 import re
 import threading
 from contextlib import contextmanager
@@ -64,7 +65,6 @@ MAX_TIME = 1e11  # unix seconds, year ~5000: beyond is garbage
 INT32 = 2**31 - 1
 
 RUN_STATES = ("running", "succeeded", "failed", "terminated", "lost", "staged", "unknown")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]+")
 _COMPONENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._+=-]{0,127}$")
 _DIGEST = re.compile(r"^([a-z0-9]{1,16}:)?[0-9a-f]{8,128}$")
 _CONTAINER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -82,13 +82,15 @@ class BadReply(ValueError):
 def clean_text(value: Any, limit: int = MAX_MESSAGE) -> str:
     """Text from a machine as it may be shown: control, non-printable and bidirectional-override
     characters replaced by a space, at most ``limit`` characters. Anything but a string is no text
-    at all (rendering a hostile structure could itself be the attack)."""
+    at all (rendering a hostile structure could itself be the attack). Not printable, to Python:
+    every control, format (bidirectional overrides, zero-width), separator other than the space
+    (U+2028, U+2029), private, unassigned and lone surrogate code point."""
     if not isinstance(value, str):
         return ""
     value = value[: limit * 4]
-    if not value.isprintable():  # also lone surrogates, which no YAML or git writer takes
+    if not value.isprintable():
         value = "".join(c if c.isprintable() else " " for c in value)
-    return _CONTROL.sub(" ", value).strip()[:limit]
+    return value.strip()[:limit]
 
 
 def finite(value: Any, bound: float = MAX_ABS_NUMBER) -> float | None:
@@ -106,6 +108,15 @@ def bounded_int(value: Any, lo: int, hi: int) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         return None
     return value if lo <= value <= hi else None
+
+
+def absolute_path(value: Any) -> str | None:
+    """A plain absolute path (``/srv/runs``): printable, at most MAX_PATH characters, without
+    ``.``, ``..`` or doubled slashes (normalised as it stands); else None."""
+    if (isinstance(value, str) and value.startswith("/") and len(value) <= MAX_PATH and value.isprintable()
+            and posixpath.normpath(value) == value):
+        return value
+    return None
 
 
 def relative_name(value: Any) -> str | None:
@@ -185,7 +196,11 @@ class ReplyBudget:
     def scope(self):
         """Within it, a reply this thread decodes keeps its share of the budget until the scope
         ends (the caller is done with the decoded value). A second decode in the scope replaces
-        the first: a transport decodes again only after it dropped the first answer."""
+        the first: a transport decodes again only after it dropped the first answer. A scope
+        within a scope is the outer one (it alone releases what is held)."""
+        if getattr(self._local, "held", None) is not None:
+            yield
+            return
         self._local.held = 0
         try:
             yield
@@ -265,7 +280,7 @@ class RunCore(_Lenient):
     @field_validator("workspace")
     @classmethod
     def _workspace(cls, v: str | None) -> str | None:
-        if v is not None and (not v.startswith("/") or not v.isprintable() or _CONTROL.search(v)
+        if v is not None and (not v.startswith("/") or not v.isprintable()
                               or "/../" in v + "/" or "/./" in v + "/"):
             raise ValueError("not a plain absolute path")
         return v
@@ -368,10 +383,8 @@ def parse_probe(report: Any) -> ProbeReply:
         raise BadReply(f"the reply lists {len(runs)} runs, over the limit of {MAX_RUNS}")
     out = ProbeReply()
     root = report.get("root")
-    if (isinstance(root, str) and root.startswith("/") and len(root) <= MAX_PATH and root.isprintable()
-            and not _CONTROL.search(root)):
-        out.root = root
-    elif root is not None:
+    out.root = absolute_path(root)
+    if out.root is None and root is not None:
         out.rejected.append("root: not a plain absolute path")
     if report.get("error"):
         out.error = clean_text(report["error"])
@@ -461,4 +474,4 @@ def may_report(machine: str, report: RunReport, handle: Any, expected_workspace:
 
 
 __all__ = ["may_report", "parse_stop", "BadReply", "ProbeReply", "RunReport", "clean_progress", "clean_text", "finite", "loads",
-           "parse_probe", "parse_run", "relative_name", "MAX_REPLY_BYTES", "REPLY_BUDGET", "ReplyBudget"]
+           "parse_probe", "parse_run", "absolute_path", "relative_name", "MAX_REPLY_BYTES", "REPLY_BUDGET", "ReplyBudget"]

@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import codepin
+from .boundary import BadReply, loads
 from .errors import PermanentError
+from .safetar import read_plain
 from .spec.checks import input_problem, not_user_content
 from .spec.resolve import Effective
 from .tasks import RenderContext, env_lines, render
@@ -65,9 +67,6 @@ def built_digest(dest: Path) -> str | None:
     """The spec digest a bundle folder was built for (its job.json), or None when unreadable."""
     # A workspace's job.json can have been rewritten by its job: a bounded read of a regular file
     # (never a link or a FIFO), decoded by the boundary's parser, a digest only when it is text.
-    from .boundary import BadReply, loads
-    from .safetar import read_plain
-
     data = read_plain(dest / "job.json", 16 << 20)
     try:
         job = loads(data) if data is not None else None

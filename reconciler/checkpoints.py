@@ -123,7 +123,7 @@ def save(transport, identity: str, rel: str, state_dir: Path, name: str, generat
     try:
         tmp.mkdir()
         res = transport.fetch_folder(identity, rel, tmp, sink_wrapper=wrap, limits=limits)
-        if res is not None and (res.truncated or res.error):
+        if res.truncated or res.error:
             # A checkpoint cut at the limit would be resumed from as if whole: not kept.
             raise TemporaryError(f"checkpoint {rel} of {identity} not copied: {res.note()}")
         got = tmp.joinpath(*rel.split("/"))

@@ -25,6 +25,8 @@ import math
 import re
 import unicodedata
 
+from . import boundary
+
 TEXT_LIMIT = 200
 
 # Markdown acts on these wherever they stand (links, images, emphasis, code, strikethrough, math,
@@ -42,13 +44,7 @@ _NO_MENTION = "@\u200b"
 
 def finite(value) -> float | None:
     """``value`` as a finite float, or None when it is not a number a chart can place."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        f = float(value)
-    except (OverflowError, ValueError):  # an int beyond the float range
-        return None
-    return f if math.isfinite(f) else None
+    return boundary.finite(value, math.inf)
 
 
 def number(value, digits: int = 4) -> str:
@@ -80,18 +76,13 @@ def clean(value, limit: int = TEXT_LIMIT) -> str:
         return "?"
     if len(text) > limit * 4 + 64:  # never scan megabytes to show a few hundred characters
         text = text[: limit * 4 + 64]
-    out = []
-    for ch in text:
-        if ch.isspace():
-            out.append(" ")
-            continue
-        cat = unicodedata.category(ch)
-        # Cc: C0/C1 controls (\r, \x1b, NUL); Cf: format (bidi overrides, zero-width); Cs: lone
-        # surrogates, which cannot even be encoded; Co/Cn: private and unassigned.
-        if cat[0] == "C":
-            continue
-        out.append(ch)
-    text = " ".join("".join(out).split())
+    if not text.isprintable():  # the common case, printable text, has nothing to drop
+        # Whitespace becomes a space. Other characters of category C go: Cc, C0/C1 controls
+        # (\r, \x1b, NUL); Cf, format (bidi overrides, zero-width); Cs, lone surrogates, which
+        # cannot even be encoded; Co/Cn, private and unassigned.
+        text = "".join(" " if ch.isspace() else ch for ch in text
+                       if ch.isspace() or unicodedata.category(ch)[0] != "C")
+    text = " ".join(text.split())
     if len(text) > limit:
         text = text[: max(0, limit - 1)] + "…"
     return text

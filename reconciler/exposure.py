@@ -23,7 +23,8 @@ NO_TEAM = "(no team)"
 
 def logins(desired: DesiredState) -> dict[str, str]:
     """Fleet machine name → the unix login its runs run as, as people name it: ``user@host[:port]``
-    (two entries for the same login give the same)."""
+    (two entries for the same login give the same). A machine no Fleet declares (this machine, a
+    Slurm cluster, a rental) is its own login."""
     out = {}
     for fleet in desired.fleets.values():
         for m in fleet.spec.machines:
@@ -31,12 +32,6 @@ def logins(desired: DesiredState) -> dict[str, str]:
             port = f":{ssh.port}" if getattr(m, "connect", "ssh") == "ssh" and ssh.port != 22 else ""
             out[m.name] = f"{ssh.user}@{ssh.host}{port}"
     return out
-
-
-def login_of(desired: DesiredState, machine: str) -> str:
-    """A machine's login (see ``logins``); a machine no Fleet declares is its own (this machine,
-    a Slurm cluster, a rental)."""
-    return logins(desired).get(machine, machine)
 
 
 def shared_login_warnings(desired: DesiredState, world: ObservedWorld, plan: Plan) -> list[str]:

@@ -225,38 +225,36 @@ def _busy(sock: socket.socket) -> None:
 
 
 class BoundedHandler(BaseHTTPRequestHandler):
-    """A request handler whose every step has a deadline (see ``_Server``)."""
+    """A request handler whose every step has a deadline (served by ``_Server`` only)."""
 
     server_version = "reconciler"
     protocol_version = "HTTP/1.1"
     timeout = HEADER_TIMEOUT  # each read, in case a deadline is missed between two polls
 
     def setup(self) -> None:
-        self.timeout = getattr(self.server, "header_timeout", HEADER_TIMEOUT)
+        self.timeout = self.server.header_timeout
         super().setup()
 
     def _deadline(self, seconds: float) -> None:
-        arm = getattr(self.server, "arm", None)
-        if arm is not None:
-            arm(self.connection, seconds)
+        self.server.arm(self.connection, seconds)
 
     def handle_one_request(self) -> None:
-        self._deadline(getattr(self.server, "header_timeout", HEADER_TIMEOUT))
+        self._deadline(self.server.header_timeout)
         super().handle_one_request()
 
     def parse_request(self) -> bool:
         ok = super().parse_request()  # the headers are in
-        self._deadline(getattr(self.server, "answer_timeout", ANSWER_TIMEOUT))
+        self._deadline(self.server.answer_timeout)
         return ok
 
     def read_body(self, length: int) -> bytes | None:
         """``length`` bytes of body within the body timeout, or None when they did not come."""
-        self._deadline(getattr(self.server, "body_timeout", BODY_TIMEOUT))
+        self._deadline(self.server.body_timeout)
         try:
             body = self.rfile.read(length) if length else b""
         except OSError:
             body = None
-        self._deadline(getattr(self.server, "answer_timeout", ANSWER_TIMEOUT))
+        self._deadline(self.server.answer_timeout)
         if body is None or len(body) < length:
             self.close_connection = True
             return None

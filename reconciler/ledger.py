@@ -64,12 +64,12 @@ def row(st: RunStatus) -> Row:
     since = st.history[-1].time if st.history else (st.observed_at or "")
     p = st.progress if isinstance(st.progress, dict) else {}
     progress = progress_text(p)
-    losses = curve_losses(st.loss_curve)
+    points = curve_points(st.loss_curve)
     loss = p.get("loss") if isinstance(p.get("loss"), (int, float)) else (st.loss_curve[-1][1] if st.loss_curve else None)
     return Row(name=st.name, phase=st.phase, since=since, generation=st.generation, attempt=st.attempt,
-               progress=progress, spark=sparkline(losses), loss=display.number(loss) if loss is not None else "",
+               progress=progress, spark=sparkline([v for _, v in points]), loss=display.number(loss) if loss is not None else "",
                machine=(st.handle.machine if st.handle and st.handle.machine else ""),
-               message=st.message or "", svg=len(curve_points(st.loss_curve)) >= 2,
+               message=st.message or "", svg=len(points) >= 2,
                price=_money((st.cost or {}).get("price_per_hour"), "/h"), cost=_money((st.cost or {}).get("so_far")))
 
 

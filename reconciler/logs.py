@@ -86,9 +86,6 @@ def read_script(ws: str, rel: str, offset: int | None, lines: int) -> str:
     return script + f'[ "$n" -gt 0 ] && tail -c +$(( b + 1 )) {f} | head -c "$n" | base64\nexit 0\n'
 
 
-_OPEN_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-
-
 def _count_lines(fd: int, size: int) -> int:
     n, pos, last = 0, 0, b"\n"
     while pos < size:

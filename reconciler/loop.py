@@ -112,17 +112,27 @@ class Reconciler:
             pool.add_rentals(rentals, provider_errors, self.providers, previous)
             machines = pool.machines(previous)
             # A settled run's status is read only if a machine reports one of its attempts: the
-            # report must be bound to the machine that status records.
+            # report must be bound to the machine that status records. Every other status is in
+            # ``previous`` already, so a name a machine makes up costs no file open.
+            looked: dict[str, statuses.RunStatus | None] = {}
+
+            def recorded(name: str) -> statuses.RunStatus | None:
+                if name not in skipped:
+                    return None
+                if name not in looked:
+                    looked[name] = statuses.load_one(status_dir, name)
+                return looked[name]
+
             world = observe(machines, pool.get, names_to_watch(desired, previous, frozenset(skipped)), previous,
-                            now, cfg.parallel_machines, recorded=lambda n: statuses.load_one(status_dir, n))
+                            now, cfg.parallel_machines, recorded=recorded)
             world.rentals, world.provider_errors = rentals, provider_errors
             if rentals:
                 from . import checkpoints
 
                 world.saved_checkpoints = checkpoints.saved(cfg.state_dir)
             for name in [n for n in skipped if world.instances(n)]:  # something of it is out there again
+                st = looked[name] if name in looked else statuses.load_one(status_dir, name)
                 skipped.discard(name)
-                st = statuses.load_one(status_dir, name)
                 if st is not None:
                     previous[name] = st
             missing = {name: [s for s in e.run.spec.secrets if self.secret_source(s) is None]

@@ -22,7 +22,6 @@ from .observed import ObservedMachine, ObservedWorld
 from .spec.load import DesiredState
 from .status import TERMINAL, RunStatus, parse_iso
 
-RUN_STATES = boundary.RUN_STATES
 log = logging.getLogger("reconciler")
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from .. import procenv
+from .. import procenv, safetar
 from ..tasks import env_lines
 
 
@@ -41,6 +41,16 @@ class MachineInfo:
     source: str | None = None  # the Fleet file that declares the machine (for messages)
 
 
+def only_runtime_and_artifacts(parts: tuple[str, ...]) -> str | None:
+    """What a collection takes of a workspace (a safetar ``keep``): runtime/ and artifacts/ only,
+    and never the secrets file (skipped silently: it is not an artifact)."""
+    if parts[0] not in ("runtime", "artifacts"):
+        return "outside runtime/ and artifacts/"
+    if parts[-1].endswith("secrets.env") or parts[-1] == ".secrets.env.tmp":
+        return ""
+    return None
+
+
 class Transport(Protocol):
     machine: MachineInfo
     round_trips: int
@@ -55,7 +65,7 @@ class Transport(Protocol):
 
     def put_secret_file(self, workspace: str, content: bytes) -> None: ...
 
-    def fetch(self, identity: str, dest: Path, limits: Any = None) -> Any:
+    def fetch(self, identity: str, dest: Path, limits: safetar.Limits = ...) -> safetar.Result:
         """runtime/ and artifacts/ into ``dest`` as plain files and folders; a safetar.Result."""
         ...
 

@@ -18,7 +18,7 @@ from .. import safetar
 from ..bundle import built_digest
 from ..errors import TemporaryError
 from ..runtime import probe as agent_module
-from .base import Completed, MachineInfo
+from .base import Completed, MachineInfo, only_runtime_and_artifacts
 
 class LocalTransport:
     def __init__(self, machine: MachineInfo):
@@ -105,11 +105,6 @@ class StagingLocalTransport(LocalTransport):
         Path(dest).mkdir(parents=True, exist_ok=True)
         for part in ("runtime", "artifacts"):
             if (ws / part).is_dir():
-                safetar.copy_tree(ws / part, Path(dest), prefix=(part,), keep=_no_secrets,
+                safetar.copy_tree(ws / part, Path(dest), prefix=(part,), keep=only_runtime_and_artifacts,
                                   limits=limits, result=res)
         return res
-
-
-def _no_secrets(parts: tuple[str, ...]) -> str | None:
-    """Never the secrets file (left out silently: it is not an artifact)."""
-    return "" if parts[-1] in ("secrets.env", ".secrets.env.tmp") else None

@@ -43,10 +43,10 @@ import paramiko
 
 from .. import bundle as bundles
 from .. import safetar
-from ..boundary import MAX_REPLY_BYTES, REPLY_BUDGET, BadReply
+from ..boundary import MAX_REPLY_BYTES, REPLY_BUDGET, BadReply, absolute_path
 from ..errors import PermanentError, TemporaryError
 from ..runtime import probe as agent_module
-from .base import WRONG_SPEC, Completed, MachineInfo, built_for_check, docker_prefix
+from .base import WRONG_SPEC, Completed, MachineInfo, built_for_check, docker_prefix, only_runtime_and_artifacts
 
 # argv words beyond this size are embedded into the agent program instead (MAX_ARG_STRLEN is 128 KiB).
 ARGV_LIMIT = 64 * 1024
@@ -370,16 +370,15 @@ class SshTransport:
 
     # ------------------------------------------------------------------ commands
 
-    def _exec(self, command: str, stdin: bytes | None, timeout: float, sink=None,
-              max_bytes: int | None = None) -> tuple[int, bytes, bytes]:
+    def _exec(self, command: str, stdin: bytes | None, timeout: float, sink=None) -> tuple[int, bytes, bytes]:
         """Run one command on one channel: send stdin, read stdout (into ``sink`` if given) and
         stderr until EOF or the deadline. Returns (rc, stdout, stderr); rc 124 on timeout.
 
-        Stdout read into memory (no ``sink``) is bounded by ``max_bytes`` (default: the
-        transport's ``max_reply_bytes``): past it, reading stops, the channel is closed and the
-        call fails with a TemporaryError, so no machine can make the reconciler hold more. Stderr
-        keeps its last STDERR_KEEP bytes (it only ever feeds a message)."""
-        limit = self.max_reply_bytes if max_bytes is None else max_bytes
+        Stdout read into memory (no ``sink``) is bounded by the transport's ``max_reply_bytes``:
+        past it, reading stops, the channel is closed and the call fails with a TemporaryError, so
+        no machine can make the reconciler hold more. Stderr keeps its last STDERR_KEEP bytes (it
+        only ever feeds a message)."""
+        limit = self.max_reply_bytes
         client = self._connect()
         self.round_trips += 1
         out = bytearray()
@@ -437,11 +436,11 @@ class SshTransport:
         plain absolute path."""
         probing = args.get("op") == "probe"
         timeout = self.probe_timeout if probing else self.command_timeout
+        deadline = time.monotonic() + timeout
 
         def learn_root(report: dict) -> None:
-            root = report.get("root")
-            if (probing and isinstance(root, str) and root.startswith("/") and len(root) <= 1024
-                    and posixpath.normpath(root) == root and root.isprintable()):
+            root = absolute_path(report.get("root")) if probing else None
+            if root is not None:
                 self._root = root
 
         if probing:
@@ -484,7 +483,8 @@ class SshTransport:
                 raise TemporaryError(f"{self.where}: python3 not found on the machine: {tail}")
             raise TemporaryError(f"{self.where}: agent {args.get('op')} failed (exit {rc}): {tail}")
         try:
-            report = REPLY_BUDGET.decode(out, self.max_reply_bytes, timeout)
+            # Room in the decoding budget is waited for within what is left of the call's timeout.
+            report = REPLY_BUDGET.decode(out, self.max_reply_bytes, max(0.0, deadline - time.monotonic()))
         except BadReply as e:
             raise TemporaryError(f"{self.where}: agent {args.get('op')} answer rejected: {e}") from None
         if not isinstance(report, dict):
@@ -617,16 +617,6 @@ def _tar_create(args: str) -> str:
     FIFOs, sockets and links are sent or left out by tar and skipped here in any case."""
     return (f"if tar --version 2>/dev/null | grep -q 'GNU tar'; then exec tar -cf - --ignore-failed-read {args}; fi\n"
             f"exec tar -cf - {args}")
-
-
-def only_runtime_and_artifacts(parts: tuple[str, ...]) -> str | None:
-    """Of a workspace, runtime/ and artifacts/ only, and never the secrets file (skipped silently:
-    the remote tar leaves it out already)."""
-    if parts[0] not in ("runtime", "artifacts"):
-        return "outside runtime/ and artifacts/"
-    if parts[-1].endswith("secrets.env") or parts[-1] == ".secrets.env.tmp":
-        return ""
-    return None
 
 
 __all__ = ["SshTransport", "agent_program", "agent_source"]

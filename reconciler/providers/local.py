@@ -234,12 +234,12 @@ class LocalAdapter:
         user = meta.get("user")
         if self.root_mode and user and user.startswith("rcl"):
             # Everything the rental ran dies with it, as on a machine that is switched off.
-            subprocess.run(["pkill", "-KILL", "-u", user], capture_output=True)
+            subprocess.run(["pkill", "-KILL", "-u", user], capture_output=True, env=procenv.base())
             for _ in range(50):
-                if subprocess.run(["pgrep", "-u", user], capture_output=True).returncode != 0:
+                if subprocess.run(["pgrep", "-u", user], capture_output=True, env=procenv.base()).returncode != 0:
                     break
                 time.sleep(0.05)
-            subprocess.run(["userdel", "-r", "-f", user], capture_output=True)
+            subprocess.run(["userdel", "-r", "-f", user], capture_output=True, env=procenv.base())
         elif meta.get("workspace_root"):
             _kill_workspace_processes(meta["workspace_root"])
         shutil.rmtree(d, ignore_errors=True)
@@ -259,7 +259,7 @@ def _gpus(offer: Offer, reported: str | None) -> list[dict]:
 
 def _keygen(path: Path, comment: str) -> None:
     r = subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, env=procenv.base())
     if r.returncode != 0:
         raise PermanentError(f"ssh-keygen failed: {r.stderr.strip()}")
 
@@ -268,11 +268,12 @@ def _ensure_user(user: str) -> None:
     try:
         pwd.getpwnam(user)
     except KeyError:
-        r = subprocess.run(["useradd", "-m", "-s", "/bin/sh", user], capture_output=True, text=True)
+        r = subprocess.run(["useradd", "-m", "-s", "/bin/sh", user], capture_output=True, text=True,
+                           env=procenv.base())
         if r.returncode != 0 and "already exists" not in r.stderr:
             raise TemporaryError(f"useradd {user}: {r.stderr.strip()}")
     # UsePAM no: a locked account ("!" in shadow) is refused even with a key.
-    subprocess.run(["usermod", "-p", "*", user], capture_output=True)
+    subprocess.run(["usermod", "-p", "*", user], capture_output=True, env=procenv.base())
 
 
 def _free_port() -> int:

@@ -183,6 +183,13 @@ def cross_checks(root: Path, files: list, locator, given: set[str] | None = None
     return out
 
 
+def provider_credentials(files: list) -> set[str]:
+    """The secret names Providers' files declare as their credentials (an invalid file's too: it
+    still names it): the reconciler's own, never given to a run."""
+    return {c for f in files if f.kind == "Provider" for c in [_at(f.data, "spec", "credentials")]
+            if isinstance(c, str)}
+
+
 def _check_secret_grants(checked: list, policy, add) -> None:
     """Each secret a run lists must be one the Policy grants it (spec.secrets of the Policy; no
     rules: any name), and never one the reconciler uses itself (its settings, git's and ssh's,
@@ -190,8 +197,7 @@ def _check_secret_grants(checked: list, policy, add) -> None:
     reserved name literally is reported at the Policy."""
     from .models import reserved_secret, secret_refusal
 
-    reserved = {c for f in checked if f.kind == "Provider" for c in [_at(f.data, "spec", "credentials")]
-                if isinstance(c, str)}
+    reserved = provider_credentials(checked)
     spec = _dict(policy.data.get("spec")) if policy is not None else {}
     rules = spec.get("secrets")
     rules = [r for r in rules if isinstance(r, dict)] if isinstance(rules, list) else None
@@ -529,21 +535,35 @@ def input_problem(root: Path, item: str) -> str | None:
     if into:  # a committed link must not bring the reconciler's own state into a bundle
         return f"input '{item}' is or goes through a symlink to {into}, which is not user content"
     if real.is_dir():
-        for dirpath, dirnames, filenames in os.walk(full):
-            for name in dirnames + filenames:
-                child = Path(dirpath) / name
-                if child.is_symlink():
-                    try:
-                        target = child.resolve(strict=True)
-                    except (OSError, RuntimeError):
-                        return f"input '{item}' contains a broken or looping symlink: {child.relative_to(root)}"
-                    if not target.is_relative_to(real_root):
-                        return f"input '{item}' contains a symlink that escapes the repository: {child.relative_to(root)}"
-                    into = not_user_content(real_root, target)
-                    if into:
-                        return f"input '{item}' contains a symlink to {into}: {child.relative_to(root)}"
-                    if target.is_dir() and (real == target or real.is_relative_to(target)):
-                        return f"input '{item}' contains a symlink to a folder that holds it (a loop): {child.relative_to(root)}"
+        return _tree_problem(real_root, real, PurePosixPath(item), item, (real,))
+    return None
+
+
+def _tree_problem(real_root: Path, folder: Path, shown: PurePosixPath, item: str,
+                  holding: tuple[Path, ...]) -> str | None:
+    """The first link under ``folder`` that staging would refuse, or None. Staging follows links
+    into folders (bundle._copy_input), so this walk does too, under the same rules: a link inside
+    a linked folder is judged here, in the pull request, not first at launch. ``shown`` is the
+    folder as the spec names it; ``holding`` the resolved folders above, to catch loops."""
+    for name in sorted(os.listdir(folder)):
+        child, where = folder / name, shown / name
+        target = child
+        if child.is_symlink():
+            try:
+                target = child.resolve(strict=True)
+            except (OSError, RuntimeError):
+                return f"input '{item}' contains a broken or looping symlink: {where}"
+            if not target.is_relative_to(real_root):
+                return f"input '{item}' contains a symlink that escapes the repository: {where}"
+            into = not_user_content(real_root, target)
+            if into:
+                return f"input '{item}' contains a symlink to {into}: {where}"
+            if target.is_dir() and (target in holding or holding[0].is_relative_to(target)):
+                return f"input '{item}' contains a symlink to a folder that holds it (a loop): {where}"
+        if target.is_dir():
+            problem = _tree_problem(real_root, target, where, item, holding + (target,))
+            if problem:
+                return problem
     return None
 
 

@@ -321,3 +321,32 @@ def test_the_decoding_budget_lets_replies_wait_their_turn():
     with pytest.raises(BadReply, match="not JSON"):
         budget.decode(b"{")
     assert budget.used == 0
+
+
+def test_the_probe_bounds_agree_with_the_boundary():
+    """The probe runs on the machine and cannot import the package, so it keeps its own copies of
+    the bounds; the control plane checks again whatever it says. The copies must not be looser:
+    a value the probe passes on and the boundary refuses would turn a sane run's entry unknown."""
+    from reconciler.runtime import probe
+
+    assert probe.MAX_TIME == boundary.MAX_TIME
+    assert probe.MAX_NUMBER == boundary.MAX_ABS_NUMBER
+
+
+def test_absolute_path():
+    for good in ("/", "/srv/runs", "/home/u/.reconciler/w", "//x"):
+        assert boundary.absolute_path(good) == good
+    for bad in (None, 1, "", "rel/ative", "/a/../b", "/a/./b", "/a/", "/a//b", "/x\nrm", "/\u202ex",
+                "/" + "a" * boundary.MAX_PATH):
+        assert boundary.absolute_path(bad) is None, bad
+
+
+def test_a_scope_within_a_scope_leaves_nothing_held():
+    budget = boundary.ReplyBudget(1000)
+    reply = json.dumps("x" * 98).encode()
+    with budget.scope():
+        budget.decode(reply)
+        with budget.scope():
+            budget.decode(reply)  # replaces the first, held until the outer scope ends
+        assert budget.used == len(reply)
+    assert budget.used == 0

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from reconciler import gitops, procenv
-from reconciler.exposure import login_of, shared_login_warnings
+from reconciler.exposure import logins, shared_login_warnings
 from reconciler.observed import ObservedWorld
 from reconciler.plan import Change, Plan
 from reconciler.providers.base import AdapterContext
@@ -285,8 +285,9 @@ def test_two_fleet_entries_for_one_login_are_one_login(tmp_path):
     (repo / "specs" / "runs" / "b.yaml").write_text(dump_run("b", [], team="cv").replace("  secrets:\n", ""))
     desired = load_tree(repo)
     assert not desired.diagnostics
-    assert login_of(desired, "gpu1-nlp") == login_of(desired, "gpu1-nlp-too") == "nlp@gpu1.lab"
-    assert login_of(desired, "gpu1-cv") == "cv@gpu1.lab"
+    known = logins(desired)
+    assert known["gpu1-nlp"] == known["gpu1-nlp-too"] == "nlp@gpu1.lab"
+    assert known["gpu1-cv"] == "cv@gpu1.lab"
     # Two teams on two entries of one login: said; on two logins of one host: not.
     same = Plan(changes=[Change("a", "launch", "NewRun", "", "Running", machine="gpu1-nlp"),
                          Change("b", "launch", "NewRun", "", "Running", machine="gpu1-nlp-too")])

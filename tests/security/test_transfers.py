@@ -9,6 +9,7 @@ passes over a real git repository.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -276,6 +277,40 @@ def _userdel(user: str) -> None:
     subprocess.run(["userdel", "-r", "-f", user], capture_output=True)
 
 
+class _Hostile:
+    """A login on a hostile sshd, its home and a workspace root it owns; cleaned up by the fixture."""
+
+    def __init__(self, server, user: str):
+        self.server, self.user = server, user
+        self.home = Path(server.home)
+        self.root = Path(f"/tmp/rcxfer-ws-{uuid.uuid4().hex[:8]}")
+
+    def own(self) -> None:
+        for path in (self.home, self.root):
+            _own(path, self.user)
+
+    @contextlib.contextmanager
+    def transport(self, **kwargs):
+        t = SshTransport(_machine(self.server, str(self.root)), **kwargs)
+        try:
+            yield t
+        finally:
+            t.close()
+
+
+@pytest.fixture
+def hostile(sshd_factory):
+    user = _user()
+    h = None
+    try:
+        h = _Hostile(_hostile_sshd(sshd_factory, user), user)
+        yield h
+    finally:
+        if h is not None:
+            shutil.rmtree(h.root, ignore_errors=True)
+        _userdel(user)
+
+
 def _tree(root: Path, skip: Path) -> dict[str, tuple[int, int]]:
     out = {}
     for dirpath, dirnames, filenames in os.walk(root):
@@ -287,161 +322,119 @@ def _tree(root: Path, skip: Path) -> dict[str, tuple[int, int]]:
     return out
 
 
-def test_a_machine_whose_tar_answers_with_the_cve_chain_cannot_plant_a_git_hook(tmp_path, sshd_factory):
-    user = _user()
-    try:
-        server = _hostile_sshd(sshd_factory, user)
-        repo = tmp_path / "repo"
-        repo.mkdir()
-        git(repo, "init", "-q", "-b", "main")
-        marker = tmp_path / "hook-ran"
-        hook = f"#!/bin/sh\ntouch {marker}\n".encode()
-        identity = "evil-g1-a1"
-        dest = repo / ".reconciler" / "bundles" / identity
-        dest.mkdir(parents=True)
-        # From dest/artifacts: up to the repository, then into .git/hooks.
-        stream = cve_2025_4517("artifacts", "../../../../.git/hooks", {"reference-transaction": hook,
-                                                                        "post-commit": hook})
-        home = Path(server.home)
-        (home / "bin").mkdir(exist_ok=True)
-        (home / "evil.tar").write_bytes(stream)
-        (home / "bin" / "tar").write_text(f"#!/bin/sh\n# the job's own tar\nexec cat {home}/evil.tar\n")
-        (home / "bin" / "tar").chmod(0o755)
-        root = Path(f"/tmp/rcxfer-ws-{uuid.uuid4().hex[:8]}")
-        (root / identity / "artifacts").mkdir(parents=True)
-        (root / identity / "runtime").mkdir()
-        _own(home, user)
-        _own(root, user)
-        before = _tree(repo, dest)
-        hooks_before = sorted(os.listdir(repo / ".git" / "hooks"))
-        t = SshTransport(_machine(server, str(root)))
-        try:
-            assert t.sh("command -v tar").out.strip() == f"{home}/bin/tar"  # the hostile tar is the one used
-            res = t.fetch(identity, dest)
-        finally:
-            t.close()
-            shutil.rmtree(root, ignore_errors=True)
-        assert sorted(os.listdir(repo / ".git" / "hooks")) == hooks_before
-        assert _tree(repo, dest) == before  # nothing written in the repository outside the bundle
-        assert _links_or_shared_inodes(dest) == []
-        assert dict(res.skipped)["artifacts/escape"].startswith("a symbolic link to ")
-        # The files meant for .git/hooks are plain files inside the bundle, and git runs no hook.
-        assert (dest / "artifacts" / "escape" / "reference-transaction").is_file()
-        git(repo, "commit", "-q", "--allow-empty", "-m", "after the collection")
-        assert not marker.exists()
-    finally:
-        _userdel(user)
+def test_a_machine_whose_tar_answers_with_the_cve_chain_cannot_plant_a_git_hook(tmp_path, hostile):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    marker = tmp_path / "hook-ran"
+    hook = f"#!/bin/sh\ntouch {marker}\n".encode()
+    identity = "evil-g1-a1"
+    dest = repo / ".reconciler" / "bundles" / identity
+    dest.mkdir(parents=True)
+    # From dest/artifacts: up to the repository, then into .git/hooks.
+    stream = cve_2025_4517("artifacts", "../../../../.git/hooks", {"reference-transaction": hook,
+                                                                    "post-commit": hook})
+    home, root = hostile.home, hostile.root
+    (home / "bin").mkdir(exist_ok=True)
+    (home / "evil.tar").write_bytes(stream)
+    (home / "bin" / "tar").write_text(f"#!/bin/sh\n# the job's own tar\nexec cat {home}/evil.tar\n")
+    (home / "bin" / "tar").chmod(0o755)
+    (root / identity / "artifacts").mkdir(parents=True)
+    (root / identity / "runtime").mkdir()
+    hostile.own()
+    before = _tree(repo, dest)
+    hooks_before = sorted(os.listdir(repo / ".git" / "hooks"))
+    with hostile.transport() as t:
+        assert t.sh("command -v tar").out.strip() == f"{home}/bin/tar"  # the hostile tar is the one used
+        res = t.fetch(identity, dest)
+    assert sorted(os.listdir(repo / ".git" / "hooks")) == hooks_before
+    assert _tree(repo, dest) == before  # nothing written in the repository outside the bundle
+    assert _links_or_shared_inodes(dest) == []
+    assert dict(res.skipped)["artifacts/escape"].startswith("a symbolic link to ")
+    # The files meant for .git/hooks are plain files inside the bundle, and git runs no hook.
+    assert (dest / "artifacts" / "escape" / "reference-transaction").is_file()
+    git(repo, "commit", "-q", "--allow-empty", "-m", "after the collection")
+    assert not marker.exists()
 
 
-def test_an_endless_stream_stops_at_the_limit(tmp_path, sshd_factory):
-    user = _user()
-    try:
-        server = _hostile_sshd(sshd_factory, user)
-        home = Path(server.home)
-        (home / "bin").mkdir(exist_ok=True)
-        # A tar that never ends.
-        (home / "bin" / "tar").write_text('#!/bin/sh\n[ "$1" = --version ] && exit 0\nexec cat /dev/zero\n')
-        (home / "bin" / "tar").chmod(0o755)
-        root = Path(f"/tmp/rcxfer-ws-{uuid.uuid4().hex[:8]}")
-        (root / "x-g1-a1").mkdir(parents=True)
-        _own(home, user)
-        _own(root, user)
-        t = SshTransport(_machine(server, str(root)), command_timeout=20)
-        try:
-            res = t.fetch("x-g1-a1", tmp_path / "b", limits=safetar.Limits(max_bytes=1 << 20, max_files=10))
-        finally:
-            t.close()
-            shutil.rmtree(root, ignore_errors=True)
-        assert res.truncated and res.files == 0
-    finally:
-        _userdel(user)
+def test_an_endless_stream_stops_at_the_limit(tmp_path, hostile):
+    home = hostile.home
+    (home / "bin").mkdir(exist_ok=True)
+    # A tar that never ends.
+    (home / "bin" / "tar").write_text('#!/bin/sh\n[ "$1" = --version ] && exit 0\nexec cat /dev/zero\n')
+    (home / "bin" / "tar").chmod(0o755)
+    (hostile.root / "x-g1-a1").mkdir(parents=True)
+    hostile.own()
+    with hostile.transport(command_timeout=20) as t:
+        res = t.fetch("x-g1-a1", tmp_path / "b", limits=safetar.Limits(max_bytes=1 << 20, max_files=10))
+    assert res.truncated and res.files == 0
 
 
-def test_tar_exit_1_counts_only_when_the_stream_is_whole(tmp_path, sshd_factory):
+def test_tar_exit_1_counts_only_when_the_stream_is_whole(tmp_path, hostile):
     """GNU tar exits 1 when a file changed while it was read (a log still written): the stream is
     whole and the collection counts. A stream cut short with exit 1, or any exit 2, does not."""
-    user = _user()
-    try:
-        server = _hostile_sshd(sshd_factory, user)
-        home = Path(server.home)
-        (home / "bin").mkdir(exist_ok=True)
-        whole = _tar([("artifacts/train.log", tarfile.REGTYPE, "", b"step 1\n" * 2000)])
-        (home / "whole.tar").write_bytes(whole)
-        tar = home / "bin" / "tar"
-        root = Path(f"/tmp/rcxfer-ws-{uuid.uuid4().hex[:8]}")
-        (root / "x-g1-a1").mkdir(parents=True)
-        _own(root, user)
-        t = SshTransport(_machine(server, str(root)))
-        try:
-            for n, (body, ok) in enumerate([(f"cat {home}/whole.tar; exit 1", True),
-                                            (f"head -c 3000 {home}/whole.tar; exit 1", False),
-                                            (f"cat {home}/whole.tar; exit 2", False)]):
-                tar.write_text(f'#!/bin/sh\n[ "$1" = --version ] && exit 0\n{body}\n')
-                tar.chmod(0o755)
-                _own(home, user)
-                dest = tmp_path / f"b{n}"
-                if ok:
-                    res = t.fetch("x-g1-a1", dest)
-                    assert res.complete and (dest / "artifacts" / "train.log").read_bytes() == b"step 1\n" * 2000
-                else:
-                    with pytest.raises(TemporaryError, match="exit"):
-                        t.fetch("x-g1-a1", dest)
-        finally:
-            t.close()
-            shutil.rmtree(root, ignore_errors=True)
-    finally:
-        _userdel(user)
+    home = hostile.home
+    (home / "bin").mkdir(exist_ok=True)
+    whole = _tar([("artifacts/train.log", tarfile.REGTYPE, "", b"step 1\n" * 2000)])
+    (home / "whole.tar").write_bytes(whole)
+    tar = home / "bin" / "tar"
+    (hostile.root / "x-g1-a1").mkdir(parents=True)
+    _own(hostile.root, hostile.user)
+    with hostile.transport() as t:
+        for n, (body, ok) in enumerate([(f"cat {home}/whole.tar; exit 1", True),
+                                        (f"head -c 3000 {home}/whole.tar; exit 1", False),
+                                        (f"cat {home}/whole.tar; exit 2", False)]):
+            tar.write_text(f'#!/bin/sh\n[ "$1" = --version ] && exit 0\n{body}\n')
+            tar.chmod(0o755)
+            _own(home, hostile.user)
+            dest = tmp_path / f"b{n}"
+            if ok:
+                res = t.fetch("x-g1-a1", dest)
+                assert res.complete and (dest / "artifacts" / "train.log").read_bytes() == b"step 1\n" * 2000
+            else:
+                with pytest.raises(TemporaryError, match="exit"):
+                    t.fetch("x-g1-a1", dest)
 
 
 # ---------------------------------------------------------------- checkpoints
 
 
-def test_checkpoint_paths_from_the_machine_are_checked_and_copied_as_plain_files(tmp_path, sshd_factory):
-    user = _user()
-    try:
-        server = _hostile_sshd(sshd_factory, user)
-        repo = tmp_path / "repo"
-        repo.mkdir()
-        git(repo, "init", "-q", "-b", "main")
-        git(repo, "commit", "-q", "--allow-empty", "-m", "first")
-        head = (repo / ".git" / "HEAD").read_text()
-        state = repo / ".reconciler"
-        host_secret = tmp_path / "host-secret"
-        host_secret.mkdir()
-        (host_secret / "key").write_text("HOST SECRET\n")
-        root = Path(f"/tmp/rcxfer-ws-{uuid.uuid4().hex[:8]}")
-        ws = root / "ck-g1-a1"
-        out = ws / "artifacts" / "output"
-        (out / "checkpoint-5").mkdir(parents=True)
-        (out / "checkpoint-5" / "model.bin").write_bytes(b"weights")
-        (out / "checkpoint-5" / "trainer_state.json").write_text("{}")
-        # A relative link deep enough to leave the store once renamed into it, an absolute one,
-        # and a checkpoint folder that is itself a link.
-        (out / "checkpoint-5" / "deep").symlink_to("../" * 12 + str(host_secret).lstrip("/"))
-        (out / "checkpoint-5" / "abs").symlink_to(host_secret)
-        (out / "checkpoint-6").symlink_to("../" * 12 + str(host_secret).lstrip("/"))
-        _own(root, user)
-        t = SshTransport(_machine(server, str(root)))
-        try:
-            final = checkpoints.save(t, "ck-g1-a1", "artifacts/output/checkpoint-5", state, "ck", 1, None)
-            assert final == checkpoints.folder(state, "ck", 1) / "checkpoint-5"
-            assert sorted(p.name for p in final.iterdir()) == ["model.bin", "trainer_state.json"]
-            with pytest.raises(TemporaryError, match="no such folder"):
-                checkpoints.save(t, "ck-g1-a1", "artifacts/output/checkpoint-6", state, "ck", 1, None)
-            for bad in (str(repo / ".git"), "/etc", "artifacts/output/../../../../.git", "artifacts/..",
-                        "artifacts/output/checkpoint-5/../checkpoint-6", "artifacts/output/not-a-checkpoint"):
-                with pytest.raises(TemporaryError, match="not copying checkpoint"):
-                    checkpoints.save(t, "ck-g1-a1", bad, state, "ck", 1, None)
-        finally:
-            t.close()
-            shutil.rmtree(root, ignore_errors=True)
-        assert (repo / ".git" / "HEAD").read_text() == head and (repo / ".git" / "objects").is_dir()
-        assert git(repo, "log", "--format=%s").strip() == "first"
-        assert checkpoints.saved(state) == {("ck", 1): {"checkpoint-5"}}
-        assert _links_or_shared_inodes(state) == []
-        assert (host_secret / "key").read_text() == "HOST SECRET\n"
-    finally:
-        _userdel(user)
+def test_checkpoint_paths_from_the_machine_are_checked_and_copied_as_plain_files(tmp_path, hostile):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "commit", "-q", "--allow-empty", "-m", "first")
+    head = (repo / ".git" / "HEAD").read_text()
+    state = repo / ".reconciler"
+    host_secret = tmp_path / "host-secret"
+    host_secret.mkdir()
+    (host_secret / "key").write_text("HOST SECRET\n")
+    ws = hostile.root / "ck-g1-a1"
+    out = ws / "artifacts" / "output"
+    (out / "checkpoint-5").mkdir(parents=True)
+    (out / "checkpoint-5" / "model.bin").write_bytes(b"weights")
+    (out / "checkpoint-5" / "trainer_state.json").write_text("{}")
+    # A relative link deep enough to leave the store once renamed into it, an absolute one,
+    # and a checkpoint folder that is itself a link.
+    (out / "checkpoint-5" / "deep").symlink_to("../" * 12 + str(host_secret).lstrip("/"))
+    (out / "checkpoint-5" / "abs").symlink_to(host_secret)
+    (out / "checkpoint-6").symlink_to("../" * 12 + str(host_secret).lstrip("/"))
+    _own(hostile.root, hostile.user)
+    with hostile.transport() as t:
+        final = checkpoints.save(t, "ck-g1-a1", "artifacts/output/checkpoint-5", state, "ck", 1, None)
+        assert final == checkpoints.folder(state, "ck", 1) / "checkpoint-5"
+        assert sorted(p.name for p in final.iterdir()) == ["model.bin", "trainer_state.json"]
+        with pytest.raises(TemporaryError, match="no such folder"):
+            checkpoints.save(t, "ck-g1-a1", "artifacts/output/checkpoint-6", state, "ck", 1, None)
+        for bad in (str(repo / ".git"), "/etc", "artifacts/output/../../../../.git", "artifacts/..",
+                    "artifacts/output/checkpoint-5/../checkpoint-6", "artifacts/output/not-a-checkpoint"):
+            with pytest.raises(TemporaryError, match="not copying checkpoint"):
+                checkpoints.save(t, "ck-g1-a1", bad, state, "ck", 1, None)
+    assert (repo / ".git" / "HEAD").read_text() == head and (repo / ".git" / "objects").is_dir()
+    assert git(repo, "log", "--format=%s").strip() == "first"
+    assert checkpoints.saved(state) == {("ck", 1): {"checkpoint-5"}}
+    assert _links_or_shared_inodes(state) == []
+    assert (host_secret / "key").read_text() == "HOST SECRET\n"
 
 
 def test_a_poisoned_store_from_before_is_never_followed_when_a_checkpoint_is_staged(tmp_path):
@@ -586,6 +579,8 @@ def test_committed_links_to_git_reconciler_or_outside_are_never_staged(tmp_path)
     assert "escapes the repository" in input_problem(r, "to-etc")
     assert "the repository's root" in input_problem(r, "loops")
     assert ".git/" in input_problem(r, "nested")
+    # A link inside a linked folder is judged by validation too, where staging would refuse it.
+    assert input_problem(r, "via") == "input 'via' contains a symlink to .git/: via/a/b"
     # Through a real pass: the run is refused with the reason, and nothing is built for it.
     w.add_run(run_spec("links", "local-host", ["true"], inputs=["data", "to-state"]), commit=False)
     git(r, "add", "-A")
