@@ -30,7 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from reconciler import boundary, safetar  # noqa: E402
+from reconciler.core import boundary
+from reconciler.artifacts import safetar  # noqa: E402
 
 
 def build_stream(path: Path, large_mb: int, small: int) -> tuple[int, int]:

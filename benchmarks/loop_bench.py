@@ -22,11 +22,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from reconciler import config as configs  # noqa: E402
-from reconciler import status as statuses  # noqa: E402
-from reconciler.loop import Reconciler  # noqa: E402
-from reconciler.observed import ObservedMachine, ObservedRun, ObservedWorld  # noqa: E402
-from reconciler.plan import make_plan  # noqa: E402
+from reconciler.core import config as configs  # noqa: E402
+from reconciler.status import store as statuses  # noqa: E402
+from reconciler.core.runstatus import SpecRef  # noqa: E402
+from reconciler.engine.loop import Reconciler  # noqa: E402
+from reconciler.core.observed import ObservedMachine, ObservedRun, ObservedWorld  # noqa: E402
+from reconciler.planner.plan import make_plan  # noqa: E402
 from reconciler.spec.load import DesiredState, RunEntry, run_digest  # noqa: E402
 from reconciler.spec.models import ExecutionTemplate, Run  # noqa: E402
 
@@ -69,7 +70,7 @@ def bench_plan(n: int, repeat: int) -> list[float]:
                                         spec_digest=entry.digest)  # built for this spec: adopted, not replaced
         previous[name] = statuses.RunStatus(
             name=name, phase={0: "Running", 1: "Running", 2: "Succeeded", 3: "Pending"}[kind], generation=1,
-            attempt=1, spec=statuses.SpecRef(digest=entry.digest),
+            attempt=1, spec=SpecRef(digest=entry.digest),
             handle=statuses.Handle(machine="local", identity=ident))
     times = []
     for _ in range(repeat):
@@ -104,7 +105,7 @@ def bench_pass(n: int, repeat: int) -> tuple[float, list[float]]:
         desired = load_tree(tmp)
         for name, entry in desired.runs.items():
             st = statuses.RunStatus(name=name, phase="Succeeded", generation=1, attempt=1, exit_code=0,
-                                    spec=statuses.SpecRef(digest=entry.digest, path=entry.rel),
+                                    spec=SpecRef(digest=entry.digest, path=entry.rel),
                                     handle=statuses.Handle(machine="local", identity=f"{name}-g1-a1"))
             statuses.record(st, "Succeeded", "done", 1000.0)
             statuses.write_if_changed(status_dir, st)

@@ -33,12 +33,12 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
-from reconciler import config  # noqa: E402
-from reconciler.loop import Reconciler  # noqa: E402
-from reconciler.observe import names_to_watch, observe  # noqa: E402
+from reconciler.core import config  # noqa: E402
+from reconciler.engine.loop import Reconciler  # noqa: E402
+from reconciler.engine.observe import names_to_watch, observe  # noqa: E402
 from reconciler.runtime import probe  # noqa: E402
 from reconciler.spec.load import load_tree  # noqa: E402
-from reconciler.transports import TransportPool  # noqa: E402
+from reconciler.machines.pool import TransportPool  # noqa: E402
 from tests.infra.sshd import SshServer  # noqa: E402
 
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from reconciler.identity import make  # noqa: E402
-from reconciler.observed import ObservedMachine, ObservedRun, ObservedWorld  # noqa: E402
-from reconciler.plan import PlanSettings, make_plan  # noqa: E402
+from reconciler.core.identity import make  # noqa: E402
+from reconciler.core.observed import ObservedMachine, ObservedRun, ObservedWorld  # noqa: E402
+from reconciler.planner.plan import PlanSettings, make_plan  # noqa: E402
 from reconciler.spec.load import DesiredState, RunEntry, run_digest  # noqa: E402
 from reconciler.spec.models import ExecutionTemplate, Fleet, Policy, Run  # noqa: E402
 

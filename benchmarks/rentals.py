@@ -31,7 +31,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from reconciler.offers import rental_name  # noqa: E402
+from reconciler.spec.offers import rental_name  # noqa: E402
 from tests.fakes.targon import FakeTargon  # noqa: E402
 from tests.rentals.conftest import RENTAL_TEMPLATES, provider_doc  # noqa: E402
 from tests.world import TEMPLATES, World, run_spec  # noqa: E402
@@ -90,7 +90,7 @@ def submitted_to_running(base: Path, delay: float) -> float:
             time.sleep(min(result.retry_after or 0.05, 0.05))
     finally:
         w.cleanup()
-        from reconciler.providers.local import LocalAdapter
+        from reconciler.rentals.providers.local import LocalAdapter
         from reconciler.spec.models import Provider
 
         a = LocalAdapter(Provider.model_validate(doc), None)

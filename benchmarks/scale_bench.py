@@ -31,9 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from reconciler import config as configs  # noqa: E402
-from reconciler.identity import make  # noqa: E402
-from reconciler.loop import Reconciler  # noqa: E402
+from reconciler.core import config as configs  # noqa: E402
+from reconciler.core.identity import make  # noqa: E402
+from reconciler.engine.loop import Reconciler  # noqa: E402
 from reconciler.spec.load import load_tree  # noqa: E402
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAICqRT6LKgEqdobuvittBCu1add1q6i1ofysL9m5i7d6G"

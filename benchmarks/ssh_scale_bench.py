@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import yaml  # noqa: E402
 
-from reconciler import config  # noqa: E402
-from reconciler.loop import Reconciler  # noqa: E402
+from reconciler.core import config  # noqa: E402
+from reconciler.engine.loop import Reconciler  # noqa: E402
 from tests.infra.sshd import SshServer  # noqa: E402
 
 

@@ -6,13 +6,13 @@ does what ``python -m reconciler ARGS...`` does, in a process where some of the 
 (plain functions that do nothing) have been replaced first:
 
 - ``--crash-after stage``: die like kill -9 (exit 137, nothing flushed or cleaned up) between
-  staging a run's bundle on its machine and starting it (``reconciler.apply._after_stage``);
+  staging a run's bundle on its machine and starting it (``reconciler.engine.apply._after_stage``);
 - ``--crash-after apply``: right after apply, runs launched, before any status is written
-  (``reconciler.loop._after_apply``);
+  (``reconciler.engine.loop._after_apply``);
 - ``--crash-after commit``: the daemon, after a pass's local status commit, before its push
-  (``reconciler.daemon._after_commit``);
+  (``reconciler.daemon.service._after_commit``);
 - ``--hold-push PATH``: while PATH exists, every push waits; ``PATH.held`` appears once one waits,
-  so a test can move the remote under an unpushed status commit (``reconciler.daemon._before_push``).
+  so a test can move the remote under an unpushed status commit (``reconciler.daemon.service._before_push``).
 
 The tests run the reconciler as a separate process, where a monkeypatch in the test's own process
 cannot reach; and the product reads no switch for any of this, so nothing a production host sets
@@ -30,9 +30,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # Where each crash point is: (module, seam).
-CRASH_POINTS = {"stage": ("reconciler.apply", "_after_stage"), "apply": ("reconciler.loop", "_after_apply"),
-                "commit": ("reconciler.daemon", "_after_commit")}
-HOLD_PUSH = ("reconciler.daemon", "_before_push")
+CRASH_POINTS = {"stage": ("reconciler.engine.apply", "_after_stage"), "apply": ("reconciler.engine.loop", "_after_apply"),
+                "commit": ("reconciler.daemon.service", "_after_commit")}
+HOLD_PUSH = ("reconciler.daemon.service", "_before_push")
 
 
 def command(*args: str, crash_after: str | None = None, hold_push: Path | str | None = None) -> list[str]:
@@ -88,7 +88,7 @@ def main(argv: list[str]) -> int:
         _replace(CRASH_POINTS[opts.crash_after], _die)
     if opts.hold_push:
         _replace(HOLD_PUSH, _hold_while(opts.hold_push))
-    from reconciler import cli
+    from reconciler.cli import main as cli
 
     return cli.main(argv[sep + 1:])
 

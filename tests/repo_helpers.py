@@ -13,9 +13,9 @@ from pathlib import Path
 
 import git
 
-from reconciler import config as configs
-from reconciler import status as statuses
-from reconciler.loop import Reconciler
+from reconciler.core import config as configs
+from reconciler.status import store as statuses
+from reconciler.engine.loop import Reconciler
 from tests import faults
 
 LOCAL_HOST = """\

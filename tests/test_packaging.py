@@ -96,7 +96,7 @@ def test_wheel_carries_the_license_metadata_and_version(wheel: Path) -> None:
     # The Apache License 2.0 as published (apache.org/licenses/LICENSE-2.0.txt), not a paraphrase.
     assert hashlib.sha256(license_text).hexdigest() == \
         "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523d30"
-    assert "reconcile = reconciler.cli:main" in entry_points
+    assert "reconcile = reconciler.cli.main:main" in entry_points
 
 
 def test_installed_wheel_runs_version_validate_and_completion(wheel: Path, tmp_path: Path) -> None:

@@ -130,7 +130,7 @@ def test_plan_workflow_posts_the_offline_plan() -> None:
     assert any(s.get("uses", "").startswith("actions/upload-artifact@") for s in job["steps"])
     post = doc["jobs"]["comment"]
     assert post["needs"] == "plan"
-    assert any("python -m reconciler.prcomment" in s.get("run", "") for s in post["steps"])
+    assert any("python -m reconciler.cli.prcomment" in s.get("run", "") for s in post["steps"])
 
 
 def _secrets_named(node: Any) -> list[str]:

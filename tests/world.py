@@ -19,10 +19,10 @@ from typing import Any, Callable
 
 import yaml
 
-from reconciler import config
-from reconciler.loop import PassResult, Reconciler
+from reconciler.core import config
+from reconciler.engine.loop import PassResult, Reconciler
 from reconciler.runtime.probe import group_alive
-from reconciler.status import RunStatus, load_all
+from reconciler.status.store import RunStatus, load_all
 
 TEMPLATES = {
     "ssh-host": {"placement": {"kind": "ssh"}, "launch_mode": {"kind": "host_process"},

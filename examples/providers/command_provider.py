@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-from reconciler.providers.local import LocalAdapter
+from reconciler.rentals.providers.local import LocalAdapter
 from reconciler.spec.models import Offer, Provider
 
 STATE = os.environ.get("COMMAND_PROVIDER_STATE", os.path.expanduser("~/.reconciler/command-provider"))

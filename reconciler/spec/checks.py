@@ -15,7 +15,7 @@ from collections import defaultdict
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
 
-from ..diagnostics import Diagnostic
+from reconciler.core.diagnostics import Diagnostic
 from .models import OVERRIDABLE, ExecutionTemplate, is_dns_label
 
 SECRET_KEY = re.compile(r"(?:^|[_\-.])(TOKEN|KEY|SECRET|PASSWORD|PASSWD|APIKEY|CREDENTIALS?)$", re.IGNORECASE)
@@ -471,7 +471,7 @@ def _check_rental(f, overrides: dict, template: ExecutionTemplate, providers: di
     at the template reference (its defaults do)."""
     from .models import Provider, Run
     from .resolve import effective
-    from ..offers import fitting_offers
+    from .offers import fitting_offers
 
     try:
         run = Run.model_validate(f.data)
@@ -583,7 +583,7 @@ def _check_staged_paths(root: Path, f, spec: dict, task: dict, add) -> None:
     ``<path>`` for each listed input. A value naming a repository file without the ``inputs/`` prefix
     would be looked up on the execution plane's own disk (or the hub), so it gets a hint too.
     """
-    from ..tasks.swift import bundle_paths
+    from reconciler.tasks.swift import bundle_paths
 
     if task.get("type") not in ("swift-sft", "swift-rlhf"):
         return
@@ -631,7 +631,7 @@ def _check_swift_args(f, task: dict, add) -> None:
     ``scripts/swift_args.py``). Keys the model refuses for another reason (managed, typed,
     renamed) keep that error alone.
     """
-    from ..tasks.swift import COMMANDS, swift_arguments
+    from reconciler.tasks.swift import COMMANDS, swift_arguments
     from .models import SWIFT_MANAGED, SwiftRlhfTask, SwiftSftTask
 
     command = COMMANDS.get(task.get("type"))

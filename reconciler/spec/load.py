@@ -19,8 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from ..diagnostics import Diagnostic, relpath
-from . import yamlsafe
+from reconciler.core.diagnostics import Diagnostic, relpath
+from reconciler.core import yamlsafe
 from .checks import secret_values
 from .models import DNS_LABEL, KINDS, ExecutionTemplate, Fleet, Policy, Provider, Run, is_dns_label
 

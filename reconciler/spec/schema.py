@@ -40,16 +40,7 @@ from typing import Any
 from pydantic.json_schema import models_json_schema
 
 from . import checks
-from .models import (
-    ENV_NAME,
-    ENV_NAME_MESSAGE,
-    KINDS,
-    PLAIN_DEPTH,
-    SWIFT_MANAGED,
-    TASK_TYPES,
-    SwiftRlhfTask,
-    SwiftSftTask,
-)
+from .models import ENV_NAME, ENV_NAME_MESSAGE, KINDS, PLAIN_DEPTH, SWIFT_MANAGED, TASK_TYPES, SwiftRlhfTask, SwiftSftTask
 
 FILE_NAMES = {"Run": "run", "ExecutionTemplate": "execution-template", "Fleet": "fleet", "Provider": "provider",
               "Policy": "policy"}
@@ -231,7 +222,7 @@ def _task_union(defs: dict) -> None:
 
 
 def _swift(defs: dict) -> None:
-    from ..tasks.swift import COMMANDS, swift_arguments, swift_arguments_version
+    from reconciler.tasks.swift import COMMANDS, swift_arguments, swift_arguments_version
 
     # Args values: scalars, lists and maps, nested at most PLAIN_DEPTH deep (models._is_plain).
     scalar = ["string", "number", "boolean", "null"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler import gitops
+from reconciler.gitops import repo as gitops
 
 from .conftest import git
 

@@ -12,8 +12,8 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from reconciler import __version__
-from reconciler.metrics import ACTIONS, KINDS
-from reconciler.status import PHASES
+from reconciler.daemon.metrics import ACTIONS, KINDS
+from reconciler.core.runstatus import PHASES
 
 from .conftest import http, wait_for
 from .test_daemon import parse_exposition

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler import sdnotify
+from reconciler.daemon import sdnotify
 
 from .conftest import http, wait_for
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from reconciler import status as statuses
+from reconciler.status import store as statuses
 from tests.infra._proc import free_port, port_open, wait_until
 from tests.infra.fixtures import _require_sshd
 from tests.infra.tunnel import INHOUSE_USER, MACHINE, VM_USER, Inhouse
@@ -156,8 +156,8 @@ def test_drain_from_the_machine_then_resume(world, inhouse):
 
 
 def machines(world: World) -> list[dict]:
-    from reconciler import config
-    from reconciler.commands import machine_states
+    from reconciler.core import config
+    from reconciler.cli.commands import machine_states
 
     return machine_states(config.load(str(world.repo), flags=world.flags))
 

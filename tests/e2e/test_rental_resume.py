@@ -71,7 +71,7 @@ def test_an_evaporated_rental_resumes_on_a_new_one_from_the_copied_checkpoint(tm
         st = w.status("sft")
         first = st.handle.machine
         assert st.phase == "Running" and first.startswith("local/")
-        from reconciler.providers.local import LocalAdapter
+        from reconciler.rentals.providers.local import LocalAdapter
         from reconciler.spec.models import Provider
 
         LocalAdapter(Provider.model_validate(doc), None).evaporate(first.split("/", 1)[1])
@@ -92,7 +92,7 @@ def test_an_evaporated_rental_resumes_on_a_new_one_from_the_copied_checkpoint(tm
         assert steps[0] > copied and steps[-1] == 200  # resumed after the copied step, not from 0
     finally:
         w.cleanup()
-        from reconciler.providers.local import LocalAdapter
+        from reconciler.rentals.providers.local import LocalAdapter
         from reconciler.spec.models import Provider
 
         a = LocalAdapter(Provider.model_validate(provider_doc(tmp_path / "provider", local={"login": "self"})), None)

@@ -58,7 +58,7 @@ def test_in_house_first_then_rented_with_a_team_over_quota_waiting(tmp_path, ssh
         assert w.status("c").placement["action"] == "launch"  # the decision recorded: launched on the rental
     finally:
         w.cleanup()
-        from reconciler.providers.local import LocalAdapter
+        from reconciler.rentals.providers.local import LocalAdapter
         from reconciler.spec.models import Provider
 
         a = LocalAdapter(Provider.model_validate(provider), None)

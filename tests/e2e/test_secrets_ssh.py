@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler import bundle as bundles
+from reconciler.artifacts import bundle as bundles
 from tests.world import World, fleet, machine, run_spec
 
 pytestmark = pytest.mark.e2e

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler import status as statuses
+from reconciler.status import store as statuses
 from tests.world import World, alive_instances, fleet, git, kill_group, machine, run_spec
 
 pytestmark = pytest.mark.e2e

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from reconciler import agent
+from reconciler.agent import tunnel as agent
 from tests.infra._proc import descendants, free_port, port_open, wait_until
 from tests.infra.sshd import SshServer, _keygen
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from reconciler.providers.local import LocalAdapter
+from reconciler.rentals.providers.local import LocalAdapter
 from reconciler.spec.models import Provider
 from tests.world import TEMPLATES, World
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reconciler.errors import PermanentError, TemporaryError
-from reconciler.providers.base import AdapterContext
-from reconciler.providers.command import CommandAdapter
+from reconciler.core.errors import PermanentError, TemporaryError
+from reconciler.rentals.providers.base import AdapterContext
+from reconciler.rentals.providers.command import CommandAdapter
 from reconciler.spec.models import Provider
 from tests.rentals.conftest import RENTAL_TEMPLATES
 from tests.world import TEMPLATES, World, run_spec

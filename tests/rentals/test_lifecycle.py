@@ -95,7 +95,7 @@ def test_a_gpu_that_is_not_what_the_offer_promised_is_given_back(rental_world) -
 def test_an_orphan_is_reaped_after_its_grace_and_a_foreign_machine_is_left_alone(rental_world) -> None:
     import time
 
-    from reconciler.offers import rental_name
+    from reconciler.spec.offers import rental_name
 
     w = rental_world(orphanGrace=60)
     a = w.adapter()
@@ -126,7 +126,7 @@ def test_a_budget_reached_stops_new_rentals_with_a_condition(rental_world) -> No
 def test_the_rentals_command_lists_and_reaps(rental_world) -> None:
     import json
 
-    from reconciler.offers import rental_name
+    from reconciler.spec.offers import rental_name
     from tests.repo_helpers import reconcile_cli
 
     w = rental_world(orphanGrace=0)
@@ -156,9 +156,9 @@ def test_a_docker_run_on_a_rental(rental_world, dockerd) -> None:
 
 def test_logs_and_machine_states_reach_a_rental_through_its_recorded_endpoint(rental_world, capsys) -> None:
     """One-off commands read no provider's inventory: they log in where the status says the run is."""
-    from reconciler import config
-    from reconciler.commands import machine_states
-    from reconciler.logs import follow_logs
+    from reconciler.core import config
+    from reconciler.cli.commands import machine_states
+    from reconciler.cli.logs import follow_logs
 
     w = rental_world()
     w.add_run(run_spec("l", "rental-host", ["sh", "-c", "echo hello-from-rental; sleep 30"]))

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import yaml
 
-from reconciler.observed import ObservedMachine, ObservedRental, ObservedWorld
-from reconciler.offers import parse_rental_name, rental_name
-from reconciler.plan import PlanSettings, make_plan
+from reconciler.core.observed import ObservedMachine, ObservedRental, ObservedWorld
+from reconciler.spec.offers import parse_rental_name, rental_name
+from reconciler.planner.plan import PlanSettings, make_plan
 from reconciler.spec.load import load_tree
-from reconciler.status import Handle, RunStatus
+from reconciler.status.store import Handle, RunStatus
 
 NOW = 1_800_000_000.0
 OFFERS = [{"id": "a10", "gpu_type": "A10", "gpu_count": 1, "price_per_hour": 0.75},
@@ -60,7 +60,7 @@ def test_the_cheapest_fitting_offer_wins_and_ties_go_to_fewer_gpus(tmp_path) -> 
     name = p.for_run("small").rental["name"]
     assert name == rental_name("ns", "small-g1-a1") and parse_rental_name(name).identity == "small-g1-a1"
     assert "renting cloud/h100 at 2.5/h" in p.text() and "New rentals: 3, estimated 5.75 per hour." in p.text()
-    from reconciler.prcomment import markdown
+    from reconciler.cli.prcomment import markdown
 
     assert "New rentals: 3, estimated **5.75 per hour**." in markdown(p)
 
@@ -114,7 +114,7 @@ def test_validate_refuses_a_run_no_offer_can_hold_at_its_override(tmp_path) -> N
 
 
 def test_the_offline_plan_sees_recorded_rentals_and_prices_new_ones(tmp_path) -> None:
-    from reconciler.offline import recorded_world
+    from reconciler.status.offline import recorded_world
 
     root = repo(tmp_path, {"waiting": gpus(1, "A10"), "new": gpus(1, "H100")})
     rental = {"provider": "cloud", "id": "r9", "name": rental_name("ns", "waiting-g1-a1"), "offer": "a10",

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from reconciler import agent
+from reconciler.agent import tunnel as agent
 from reconciler.runtime import probe
 
 

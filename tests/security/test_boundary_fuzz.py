@@ -12,10 +12,10 @@ import tracemalloc
 
 import pytest
 
-from reconciler import boundary
-from reconciler.boundary import BadReply, RunReport, loads, may_report, parse_probe
-from reconciler.identity import split
-from reconciler.observed import ObservedMachine, ObservedRun, ObservedWorld
+from reconciler.core import boundary
+from reconciler.core.boundary import BadReply, RunReport, loads, may_report, parse_probe
+from reconciler.core.identity import split
+from reconciler.core.observed import ObservedMachine, ObservedRun, ObservedWorld
 
 SEED = 20251125
 KEYS = ["state", "exit_code", "finished_at", "started_at", "pid", "container", "workspace", "gpus", "collected",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler import bundle, provenance
+from reconciler.artifacts import bundle, provenance
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
 HOSTILE_JSON = {

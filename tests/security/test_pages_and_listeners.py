@@ -25,11 +25,13 @@ from pathlib import Path
 
 import pytest
 
-from reconciler import display, ledger, prcomment
-from reconciler.errors import PermanentError
-from reconciler.providers.base import AdapterContext, adapter_for
+from reconciler.core import display
+from reconciler.status import ledger
+from reconciler.cli import prcomment
+from reconciler.core.errors import PermanentError
+from reconciler.rentals.providers.base import AdapterContext, adapter_for
 from reconciler.spec.models import Provider
-from reconciler.status import Handle, RunStatus, Transition, dump, load_all
+from reconciler.status.store import Handle, RunStatus, Transition, dump, load_all
 from tests.repo_helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -233,7 +235,7 @@ def test_display_survives_any_loss(loss):
 def test_hostile_values_render_everywhere_and_status_commits_go_on(tmp_path, served):
     import git
 
-    from reconciler import gitops
+    from reconciler.gitops import repo as gitops
 
     repo = tmp_path / "repo"
     (repo / "status").mkdir(parents=True)
@@ -593,10 +595,10 @@ def test_hostile_rental_ids_are_dropped_with_a_reason(tmp_path, caplog):
 
 
 def test_the_comment_job_posts_an_untrusted_plan_as_bounded_text(tmp_path):
-    """``python -m reconciler.prcomment PLAN.md`` as the workflow's comment job runs it: the file was
+    """``python -m reconciler.cli.prcomment PLAN.md`` as the workflow's comment job runs it: the file was
     made by the pull request's code; what is posted is bounded, marked once, mentions defused, and
     the job summary is left alone (the plan job wrote it)."""
-    from tests.test_prcomment import TOKEN, FakeGitHub, event
+    from tests.cli.test_prcomment import TOKEN, FakeGitHub, event
 
     github = FakeGitHub()
     try:
@@ -608,7 +610,7 @@ def test_the_comment_job_posts_an_untrusted_plan_as_bounded_text(tmp_path):
                "GITHUB_REPOSITORY": "org/specs", "GITHUB_TOKEN": TOKEN, "GITHUB_EVENT_PATH": str(event(tmp_path)),
                "GITHUB_STEP_SUMMARY": str(summary)}
         for what in ("created", "unchanged"):
-            p = subprocess.run([sys.executable, "-m", "reconciler.prcomment", str(plan)], cwd=tmp_path,
+            p = subprocess.run([sys.executable, "-m", "reconciler.cli.prcomment", str(plan)], cwd=tmp_path,
                                capture_output=True, text=True, timeout=60, env=env)
             assert p.returncode == 0 and f"comment: {what}" in p.stdout, p.stdout + p.stderr
         assert len(github.comments) == 1

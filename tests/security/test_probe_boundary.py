@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.backends.base import MachineInfo
-from reconciler.backends.ssh import SshTransport, agent_hash
-from reconciler.errors import TemporaryError
+from reconciler.machines.base import MachineInfo
+from reconciler.machines.ssh import SshTransport, agent_hash
+from reconciler.core.errors import TemporaryError
 from reconciler.spec.models import Machine
 from tests.world import World, alive_instances, fleet, machine, remote_root, run_spec
 
@@ -348,7 +348,8 @@ def test_parallel_large_replies_stay_within_the_decoding_budget(sshd_factory, ro
     fails its machine only."""
     import tracemalloc
 
-    from reconciler import boundary, observe
+    from reconciler.core import boundary
+    from reconciler.engine import observe
 
     server = sshd_factory("127.0.0.31", user="rcprobek")
     planted.append(_plant_probe(server, LARGE))

@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reconciler import gitops, procenv
-from reconciler.exposure import logins, shared_login_warnings
-from reconciler.observed import ObservedWorld
-from reconciler.plan import Change, Plan
-from reconciler.providers.base import AdapterContext
-from reconciler.providers.command import CommandAdapter
+from reconciler.gitops import repo as gitops
+from reconciler.core import procenv
+from reconciler.planner.exposure import logins, shared_login_warnings
+from reconciler.core.observed import ObservedWorld
+from reconciler.planner.plan import Change, Plan
+from reconciler.rentals.providers.base import AdapterContext
+from reconciler.rentals.providers.command import CommandAdapter
 from reconciler.spec.load import load_tree
 from reconciler.spec.models import Policy, Provider
 from tests.repo_helpers import make_repo, reconcile_cli, reconciler, run_spec, status_of, wait_for, workspace
@@ -209,7 +210,7 @@ def test_apply_refuses_a_secret_the_policy_does_not_grant_even_past_validation(t
     repo = make_repo(tmp_path / "repo", {"sneaky": dump_run("sneaky", ["OTHER_TEAM_TOKEN"])})
     monkeypatch.setenv("OTHER_TEAM_TOKEN", HOST_SECRETS["OTHER_TEAM_TOKEN"])
     strict = Policy.model_validate(yaml.safe_load(POLICY))
-    import reconciler.loop as loop
+    import reconciler.engine.loop as loop
 
     real = loop.load_tree
 

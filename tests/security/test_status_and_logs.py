@@ -124,7 +124,7 @@ def test_logs_never_follow_a_link_in_a_local_workspace(logged):
 
 
 def test_logs_read_a_huge_log_in_bounded_pieces(logged):
-    from reconciler.logs import READ_BYTES
+    from reconciler.cli.logs import READ_BYTES
 
     repo, ws, env, _ = logged
     line = b"x" * 99 + b"\n"
@@ -151,7 +151,7 @@ HOSTILE_TEXTS = ["\ud800", "x\udcffy", "nul\x00", "\x1b]52;c;aGk=\x07", "a\r\nb\
 
 
 def hostile_everywhere(name: str) -> "RunStatus":
-    from reconciler.status import Condition, Handle, RunStatus, Transition
+    from reconciler.status.store import Condition, Handle, RunStatus, Transition
 
     texts = HOSTILE_TEXTS
     return RunStatus(
@@ -173,7 +173,7 @@ def _nested(depth: int):
 
 
 def test_a_status_with_any_text_writes_and_reads_back():
-    from reconciler.status import KEY_LIMIT, TEXT_LIMIT, dump, parse_text
+    from reconciler.status.store import KEY_LIMIT, TEXT_LIMIT, dump, parse_text
 
     text = dump(hostile_everywhere("wild"))
     raw = text.encode("utf-8")  # a lone surrogate would raise here
@@ -192,7 +192,7 @@ def test_a_status_with_any_text_writes_and_reads_back():
 def test_a_real_pass_commits_a_status_of_hostile_artifact_names(tmp_path):
     """A job names its artifacts with escapes and bytes that are not UTF-8 (a lone surrogate to
     Python): the pass collects them, writes the status and commits, as every pass after it does."""
-    from reconciler.status import load_all
+    from reconciler.status.store import load_all
     from tests.world import World, git, run_spec
 
     job = ('printf x > "artifacts/$(printf "osc\\033]0;title\\007\\377\\376")"; '

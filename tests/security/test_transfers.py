@@ -24,11 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from reconciler import bundle as bundles
-from reconciler import checkpoints, safetar
-from reconciler.backends.base import MachineInfo
-from reconciler.backends.ssh import SshTransport
-from reconciler.errors import PermanentError, TemporaryError
+from reconciler.artifacts import bundle as bundles
+from reconciler.rentals import checkpoints
+from reconciler.artifacts import safetar
+from reconciler.machines.base import MachineInfo
+from reconciler.machines.ssh import SshTransport
+from reconciler.core.errors import PermanentError, TemporaryError
 from reconciler.spec.checks import input_problem
 from reconciler.spec.models import Machine
 from tests.rentals.conftest import RentalWorld, provider_doc

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reconciler.spec.yamlsafe import decode, fast_load
+from reconciler.core.yamlsafe import decode, fast_load
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -2,7 +2,7 @@
 
 Each case is a small repository (cases.yaml says what it holds and what must be reported). The test
 copies it to a temporary folder, does the case's setup step (a symlink or a big file: neither belongs
-in git), calls ``reconciler.cli.main(["validate", "--repo", CASE])`` in this process and checks the
+in git), calls ``reconciler.cli.main.main(["validate", "--repo", CASE])`` in this process and checks the
 exit code, every expected ``file:line:col: message`` and that main returned (an exception escaping
 it is what the command line would print as a traceback). In-process because an interpreter start
 per case cost far more than the validation itself; validate keeps no state between calls (paths
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reconciler import cli
+from reconciler.cli import main as cli
 from tests.spec.helpers import run_cli
 
 CORPUS = Path(__file__).parent / "corpus"

@@ -9,16 +9,7 @@ import textwrap
 import pytest
 from pydantic import ValidationError
 
-from reconciler.spec.models import (
-    KINDS,
-    OVERRIDABLE,
-    CodePin,
-    ExecutionTemplate,
-    Fleet,
-    Overrides,
-    Resources,
-    Run,
-)
+from reconciler.spec.models import KINDS, OVERRIDABLE, CodePin, ExecutionTemplate, Fleet, Overrides, Resources, Run
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 

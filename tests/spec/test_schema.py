@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from reconciler.spec import checks, models, schema
 from reconciler.spec.models import KINDS
-from reconciler.spec.yamlsafe import fast_load
+from reconciler.core.yamlsafe import fast_load
 from tests.spec.editor_corpus import docs_examples
 from tests.spec.helpers import REPO, read_yaml, reconcile
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.spec import yamlsafe
-from reconciler.spec.yamlsafe import YamlProblem, decode, fast_load, located_load
+from reconciler.core import yamlsafe
+from reconciler.core.yamlsafe import YamlProblem, decode, fast_load, located_load
 
 REPO = Path(__file__).resolve().parents[2]
 

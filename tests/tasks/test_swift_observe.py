@@ -7,12 +7,12 @@ import os
 import time
 from pathlib import Path
 
-from reconciler import provenance
-from reconciler.plan import make_plan
+from reconciler.artifacts import provenance
+from reconciler.planner.plan import make_plan
 from reconciler.runtime import probe
-from reconciler.status import summarize
+from reconciler.status.store import summarize
 from tests.tasks.test_swift_render import build_bundle, git_repo, run_model
-from tests.test_plan import build
+from tests.planner.test_plan import build
 
 STEP = {"loss": 6.48347759, "grad_norm": 3.3, "learning_rate": 9.755e-05, "token_acc": 0.0, "epoch": 0.1,
         "global_step/max_steps": "1/10", "elapsed_time": "0s", "remaining_time": "0s", "train_speed(s/it)": 0.02}

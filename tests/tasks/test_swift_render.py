@@ -12,15 +12,14 @@ import git
 import pytest
 import yaml
 
-from reconciler import bundle as bundles
-from reconciler import codepin
-from reconciler.errors import PermanentError
+from reconciler.artifacts import bundle as bundles
+from reconciler.artifacts import codepin
+from reconciler.core.errors import PermanentError
 from reconciler.spec.load import load_tree, run_digest
 from reconciler.spec.models import SWIFT_MANAGED, ExecutionTemplate, Run, SwiftRlhfTask, SwiftSftTask
 from reconciler.spec.resolve import effective
 from reconciler.tasks import RenderContext, render
-from reconciler.tasks.swift import (CONFIG_PATH, DEFAULTS, PRECHECK_ARGS, TYPED_SKIP, config_text, swift_arguments,
-                                    swift_arguments_version, swift_config)
+from reconciler.tasks.swift import CONFIG_PATH, DEFAULTS, PRECHECK_ARGS, TYPED_SKIP, config_text, swift_arguments, swift_arguments_version, swift_config
 
 PRECHECK = Path(__file__).resolve().parents[2] / "reconciler" / "runtime" / "precheck.py"
 
@@ -320,7 +319,7 @@ def test_config_round_trips_through_yaml_1_1_and_1_2():
 
 
 def read_core(text: str):
-    from reconciler.spec.yamlsafe import fast_load
+    from reconciler.core.yamlsafe import fast_load
 
     return fast_load(text)
 

@@ -1,1 +1,0 @@
-"""Backends by key ``<placement>_<launch_mode>``: the only thing that selects one."""

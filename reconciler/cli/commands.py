@@ -1,0 +1,388 @@
+"""Commands that drive the loop: --once, plan, status, logs, config (and the daemon's entry).
+
+Their ``--json`` output is documented in docs/cli.md; a key may be added, none is renamed or removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from reconciler.core import config as configs
+from reconciler.status import store as statuses
+from reconciler.core.actions import Action
+from reconciler.core.errors import UsageError
+
+
+def _cfg(args: argparse.Namespace, **flags) -> configs.Config:
+    repo = Path(getattr(args, "repo", None) or ".")
+    if not repo.is_dir():
+        raise UsageError(f"{repo}: no such directory")
+    return configs.load(str(repo), getattr(args, "config", None), flags)
+
+
+def run(name: str, args: argparse.Namespace) -> int:
+    if name == "once":
+        return cmd_once(args, dry_run=args.dry_run)
+    if name == "plan":
+        return cmd_plan(args)
+    if name == "status":
+        return cmd_status(args)
+    if name == "logs":
+        return cmd_logs(args)
+    if name == "rentals":
+        return cmd_rentals(args)
+    if name == "explain":
+        return cmd_explain(args)
+    if name == "config":
+        cfg = _cfg(args)
+        print(json.dumps(cfg.redacted(), indent=2, sort_keys=True))  # JSON with or without --json
+        return 0
+    if name == "provenance":
+        from reconciler.artifacts.provenance import cmd_provenance
+
+        return cmd_provenance(args, _cfg(args))
+    if name == "daemon":
+        from reconciler.daemon.service import main as daemon_main
+
+        return daemon_main(args)
+    raise UsageError(f"unknown command {name}")
+
+
+def _require_specs(cfg: configs.Config) -> None:
+    from reconciler.spec.load import is_spec_repo
+
+    if not is_spec_repo(cfg.repo):
+        raise UsageError(f"{cfg.repo}: no specs/ or execution_templates/ here (use --repo DIR)")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """``plan``: the dry run of a pass, or with ``--offline`` the plan on the recorded world."""
+    if not args.offline:
+        if args.github:
+            raise UsageError("--github needs --offline (a pull request's job asks no machine)")
+        return cmd_once(args, dry_run=True)
+    from reconciler.status.offline import has_changes, recorded_world
+    from reconciler.planner.plan import PlanSettings, make_plan
+    from reconciler.spec.load import load_tree
+
+    cfg = _cfg(args)
+    _require_specs(cfg)
+    now = time.time()
+    desired = load_tree(cfg.repo)
+    previous = statuses.load_all(cfg.repo / "status")
+    settings = PlanSettings(unreachable_grace=cfg.unreachable_grace, orphan_grace=cfg.orphan_grace,
+                            local_max_tasks=cfg.local_max_tasks, local_gpus=cfg.local_gpus or 0)
+    plan = make_plan(desired, recorded_world(desired, previous, now), previous, now, settings)
+    if args.json:
+        out = plan.to_json()
+        out["offline"] = True
+        out["diagnostics"] = [d.text() for d in desired.diagnostics]
+        print(json.dumps(out, indent=2, sort_keys=True))
+    else:
+        for d in desired.diagnostics:
+            print(d.text(), file=sys.stderr)
+        print("Offline plan: from the specs and the committed status files; machines not asked.")
+        print(plan.text())
+    if args.github:
+        from .prcomment import markdown, report
+
+        for line in report(markdown(plan, offline=True, diagnostics=[d.text() for d in desired.diagnostics])):
+            print(line, file=sys.stderr)
+    if desired.diagnostics and args.detailed_exitcode:
+        return 1
+    return 2 if args.detailed_exitcode and has_changes(plan) else 0
+
+
+def cmd_once(args: argparse.Namespace, dry_run: bool) -> int:
+    """One pass, or its plan. Exit 0, or 1 when an action of the pass failed (the others were still
+    applied, and the failure is in the run's status); a plan has no actions and exits 0."""
+    from reconciler.daemon.service import setup_logging
+    from reconciler.engine.loop import Reconciler
+
+    flags = {}
+    if getattr(args, "no_commit", False):
+        flags["commit"] = False
+    if getattr(args, "log_format", None):
+        flags["log_format"] = args.log_format
+    cfg = _cfg(args, **flags)
+    _require_specs(cfg)
+    setup_logging(cfg.log_format)  # the pass's log lines (and libraries'), formatted as the daemon's
+    rec = Reconciler(cfg)
+    if dry_run:
+        result = rec.run_pass(dry_run=True)
+    else:
+        from reconciler.daemon.lock import RepoLock
+
+        with RepoLock(cfg.state_dir):  # held by a running daemon: exit 2, naming it
+            result = rec.run_pass()
+    if args.json:
+        out = result.plan.to_json()
+        if not dry_run:
+            out.update(written=result.written, transitions=result.transitions, commit=result.commit,
+                       committed=result.committed,
+                       outcomes=[{"name": o.name, "action": o.action, "ok": o.ok, "error": o.error,
+                                  "permanent": o.permanent} for o in result.outcomes])
+        out["diagnostics"] = [d.text() for d in result.desired.diagnostics]
+        print(json.dumps(out, indent=2, sort_keys=True))
+    else:
+        for d in result.desired.diagnostics:
+            print(d.text(), file=sys.stderr)
+        print(result.plan.text())
+        if not dry_run:
+            failed = [o for o in result.outcomes if not o.ok]
+            for o in failed:
+                kind = "permanent" if o.permanent else "will retry"
+                print(f"  error: {o.name}: {o.action} failed ({kind}): {o.error}")
+            if result.transitions:
+                print("\nStatus:")
+                for t in result.transitions:
+                    print(f"  {t}")
+            if result.commit:
+                earlier = len(set(result.committed) - set(result.written))
+                note = f", {earlier} of them written by an earlier pass" if earlier else ""
+                print(f"\nCommitted {len(result.committed)} status file(s) as {result.commit[:10]}{note}.")
+            elif result.written:
+                print(f"\nWrote {len(result.written)} status file(s) (not committed).")
+    if dry_run and getattr(args, "detailed_exitcode", False):
+        from reconciler.status.offline import has_changes
+
+        return 1 if result.desired.diagnostics else (2 if has_changes(result.plan) else 0)
+    return 1 if any(not o.ok for o in result.outcomes) else 0
+
+
+def _age(text: str | None, now: float) -> str:
+    t = statuses.parse_iso(text)
+    if t is None:
+        return "-"
+    s = max(0, int(now - t))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s // size}{unit}"
+    return f"{s}s"
+
+
+def _print_table(rows: list[tuple[str, ...]]) -> None:
+    """Columns padded to their widest cell; the last one, free text, is not padded."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for r in rows:
+        line = "  ".join(c.ljust(w) for c, w in zip(r, widths))
+        print(f"{line}  {r[-1]}" if r[-1] else line.rstrip())
+
+
+def machine_states(cfg: configs.Config) -> list[dict]:
+    """Each machine as the reconciler sees it now (one probe each): attached, draining (taking
+    nothing new, work still running), drained (nothing left: free for manual use) or unreachable."""
+    from reconciler.engine.observe import observe
+    from reconciler.core.names import LOCAL
+    from reconciler.spec.load import load_tree
+    from reconciler.machines.pool import recorded_pool
+
+    desired = load_tree(cfg.repo)
+    previous = statuses.load_all(cfg.repo / "status")
+    pool = recorded_pool(cfg, desired, previous)
+    fleet = {m.name: m for f in desired.fleets.values() for m in f.spec.machines}
+    try:
+        world = observe(pool.machines(previous), pool.get, [], previous, time.time())
+    finally:
+        pool.close()
+    out = []
+    for name, obs in sorted(world.machines.items()):
+        m = fleet.get(name)
+        tasks = sum(1 for r in obs.runs.values() if r.alive)
+        why = None
+        if m is not None and m.max_tasks == 0:
+            why = "max_tasks 0 in its Fleet"
+        elif obs.draining is not None:
+            why = obs.draining
+        if not obs.reachable:
+            state, why = "unreachable", obs.error
+        elif why is not None:
+            state = "draining" if tasks else "drained"
+        else:
+            state = "attached"
+        out.append({"name": name, "connect": "local" if name == LOCAL else (m.connect if m else "-"),
+                    "state": state, "tasks": tasks, "max_tasks": m.max_tasks if m else None,
+                    "foreign_gpus": obs.foreign_gpus, "reason": why or ""})
+    return out
+
+
+def cmd_machines(args: argparse.Namespace) -> int:
+    rows = machine_states(_cfg(args))
+    if args.json:
+        print(json.dumps(rows, indent=2, sort_keys=True))
+        return 0
+    table = [("MACHINE", "CONNECT", "STATE", "TASKS", "REASON")]
+    for r in rows:
+        limit = "" if r["max_tasks"] is None else f"/{r['max_tasks']}"
+        table.append((r["name"], r["connect"], r["state"], f"{r['tasks']}{limit}", r["reason"][:100]))
+    _print_table(table)
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    """What a pass would decide for the run now (a dry run: nothing is changed), every machine and
+    offer it considered and why, its priority and team, and the decision its status recorded."""
+    from reconciler.engine.loop import Reconciler
+    from reconciler.planner.quota import Quotas, priority_of
+
+    cfg = _cfg(args)
+    _require_specs(cfg)
+    rec = Reconciler(cfg)
+    result = rec.run_pass(dry_run=True)
+    desired = result.desired
+    change = result.plan.for_run(args.name)
+    st = statuses.load_one(cfg.repo / "status", args.name)
+    if change is None and st is None:
+        raise UsageError(f"no run named {args.name!r} (no spec, no status)")
+    entry = desired.runs.get(args.name)
+    value, cls = priority_of(desired, entry)
+    q = Quotas.build(desired, result.world, {})
+    team = q.team(args.name)
+    doc = {"name": args.name, "now": None, "priority": {"class": cls or None, "value": value}, "team": team,
+           "recorded": st.placement if st is not None else None}
+    if change is not None:
+        doc["now"] = {"action": change.action, "code": change.code, "reason": change.reason,
+                      "machine": change.machine, "rental": change.rental, "considered": change.considered}
+    if args.json:
+        print(json.dumps(doc, indent=2, sort_keys=True))
+        return 0
+    if change is not None:
+        where = f" on {change.machine}" if change.machine else ""
+        if change.rental and change.action == Action.PROVISION:
+            where = f" renting {change.rental['provider']}/{change.rental['offer']} at {change.rental['price_per_hour']:g}/h"
+        print(f"{args.name}: {change.action}{where} ({change.code})")
+        print(f"  {change.reason}")
+        if change.considered:
+            print("  considered:")
+            for line in change.considered:
+                print(f"    {line}")
+    print(f"  priority: {cls or 'none'} ({value})" + (f"; team: {team}" if team else ""))
+    if team and q.limits(team) is not None:
+        used = q.usage.get(team, [0.0, 0.0])
+        lim = q.limits(team)
+        print(f"  team {team} now holds {used[0]:g} GPU(s)" + (f" of {lim.maxGpus}" if lim.maxGpus is not None else "")
+              + f", rents {used[1]:g}/h" + (f" of {lim.maxPricePerHour:g}/h" if lim.maxPricePerHour is not None else ""))
+    if st is not None and st.placement:
+        print(f"  recorded at the last decision ({st.placement.get('action')}, {st.placement.get('code')}):")
+        for line in st.placement.get("considered", []):
+            print(f"    {line}")
+    return 0
+
+
+def rental_rows(cfg: configs.Config, now: float | None = None):
+    """Every rental named as this repository's, with what a pass would do about it: the dry-run
+    plan's release changes are the reaper's list (one rule for the daemon and this command)."""
+    from reconciler.engine.loop import Reconciler
+
+    rec = Reconciler(cfg)
+    result = rec.run_pass(dry_run=True, now=now)
+    now = result.plan.at
+    releases = {c.machine: c for c in result.plan.changes if c.action == Action.RELEASE}
+    previous = statuses.load_all(cfg.repo / "status")
+    runs: dict[str, tuple[str, float]] = {}
+    for name, st in previous.items():
+        if st.handle is None:
+            continue
+        m = st.handle.machine or (f"{st.handle.rental['provider']}/{st.handle.rental['id']}"
+                                  if st.handle.rental and st.handle.rental.get("id") else None)
+        if m in result.world.rentals:
+            runs.setdefault(m, (name, statuses.cost_so_far(st, now)))
+    rows = []
+    for m, r in sorted(result.world.rentals.items()):
+        run, cost = runs.get(m, ("", 0.0))
+        age = now - r.created_at if r.created_at else None
+        c = releases.get(m)
+        rows.append({"machine": m, "provider": r.provider, "id": r.id, "name": r.name, "run": run or None,
+                     "state": r.state, "offer": r.offer, "age_seconds": round(age, 1) if age is not None else None,
+                     "price_per_hour": r.price_per_hour,
+                     "rental_cost": round((r.price_per_hour or 0.0) * age / 3600.0, 4) if age is not None else None,
+                     "run_cost": round(cost, 4), "orphan": c is not None and c.code == "Orphan",
+                     "release": {"code": c.code, "reason": c.reason} if c is not None else None})
+    return rows, result, rec
+
+
+def cmd_rentals(args: argparse.Namespace) -> int:
+    cfg = _cfg(args)
+    _require_specs(cfg)
+    rows, result, rec = rental_rows(cfg)
+    errors = result.world.provider_errors
+    reaped: list[dict] = []
+    failed = False
+    if args.reap and not args.reap_dry_run:
+        for row in rows:
+            if row["release"] is None:
+                continue
+            try:
+                rec.providers.get(row["provider"]).terminate(row["id"])
+                reaped.append({"machine": row["machine"], **row["release"]})
+            except Exception as e:  # noqa: BLE001 - report and go on with the others
+                failed = True
+                print(f"reconcile: {row['machine']}: {e}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"rentals": rows, "provider_errors": errors, "reaped": reaped}, indent=2, sort_keys=True))
+        return 1 if failed else 0
+    if not rows:
+        print("No rentals." + ("" if not errors else ""))
+    else:
+        table = [("MACHINE", "RUN", "STATE", "OFFER", "AGE", "PRICE/H", "COST", "ORPHAN")]
+        for r in rows:
+            age = _age(statuses.iso(result.plan.at - r["age_seconds"]), result.plan.at) if r["age_seconds"] is not None else "-"
+            table.append((r["machine"], r["run"] or "-", r["state"], r["offer"] or "-", age,
+                          f"{r['price_per_hour']:g}" if r["price_per_hour"] is not None else "-",
+                          f"{r['rental_cost']:.2f}" if r["rental_cost"] is not None else "-",
+                          "yes" if r["orphan"] else "no"))
+        _print_table(table)
+    for name, why in sorted(errors.items()):
+        print(f"provider {name}: inventory unavailable: {why}", file=sys.stderr)
+    if args.reap:
+        todo = [r for r in rows if r["release"] is not None]
+        verb = "would give back" if args.reap_dry_run else "gave back"
+        if not todo:
+            print("Nothing to reap.")
+        for r in todo:
+            if args.reap_dry_run or any(x["machine"] == r["machine"] for x in reaped):
+                print(f"{verb} {r['machine']}: {r['release']['code']}: {r['release']['reason']}")
+    return 1 if failed else 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    if getattr(args, "machines", False):
+        if args.name:
+            raise UsageError("status --machines takes no run NAME")
+        return cmd_machines(args)
+    cfg = _cfg(args)
+    all_status = statuses.load_all(cfg.repo / "status")
+    if args.name:
+        st = all_status.get(args.name)
+        if st is None:
+            print(f"reconcile status: no status for run {args.name!r}", file=sys.stderr)
+            return 1
+        if args.json:
+            print(json.dumps(st.model_dump(mode="json", exclude_none=True), indent=2, sort_keys=True))
+        else:
+            print(statuses.dump(st), end="")
+        return 0
+    if args.json:
+        print(json.dumps({n: s.model_dump(mode="json", exclude_none=True) for n, s in all_status.items()},
+                         indent=2, sort_keys=True))
+        return 0
+    now = time.time()
+    rows = [("NAME", "PHASE", "GEN/ATT", "MACHINE", "AGE", "MESSAGE")]
+    for name, st in sorted(all_status.items()):
+        since = st.history[-1].time if st.history else st.observed_at
+        rows.append((name, st.phase, f"{st.generation}/{st.attempt}", (st.handle and st.handle.machine) or "-",
+                     _age(since, now), (st.message or "")[:80]))
+    _print_table(rows)
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from .logs import follow_logs
+
+    cfg = _cfg(args)
+    return follow_logs(cfg, args.name, args.stream, args.lines, args.follow, as_json=args.json,
+                       raw=True if getattr(args, "raw", False) else None)

@@ -1,0 +1,291 @@
+"""``reconcile logs NAME``: a run's stdout and stderr, wherever it runs.
+
+The run's status names its machine and workspace; the logs are read there through the same
+transport the reconciler uses (a shell on this machine, or one command over SSH per file and
+poll). A run that is over, or whose remote workspace was removed after collection, is read from
+the collected copy in ``.reconciler/bundles/<identity>``. ``--follow`` polls until the run has a
+result (``runtime/result.json``), then prints what was written last and exits.
+
+Each read is one command that prints ``<size> <done>`` (the first read of a file also the number
+of lines it has) and then the bytes up to that size, so the next read starts exactly where this
+one stopped, whatever the job writes in between. The first read shows the last ``--lines`` lines
+(0: all of them) and says on stderr when that is not the whole file.
+
+``--json`` prints one JSON object per line, ``{"stream": "stdout"|"stderr", "line": TEXT}``, TEXT
+without its newline; a line still being written is printed once it is complete (or the run ends).
+"""
+
+from __future__ import annotations
+
+import base64
+import codecs
+import errno
+import json
+import os
+import re
+import shlex
+import sys
+import time
+
+from reconciler.status import store as statuses
+from reconciler.core.config import Config
+from reconciler.core.errors import ReconcilerError
+from reconciler.core.names import LOCAL
+from reconciler.spec.load import load_tree
+from reconciler.machines.pool import recorded_pool
+
+STREAMS = {"stdout": ["artifacts/stdout.log"], "stderr": ["artifacts/stderr.log"],
+           "both": ["artifacts/stdout.log", "artifacts/stderr.log"]}
+# The most bytes one read takes from a file: the first read's last lines come from at most this
+# much of its end, and a long log (``--lines 0``, or a job writing faster than the poll) is read
+# in pieces of this size, so a log of any size never has to fit in memory at once.
+READ_BYTES = 4 << 20
+# What a job can write that a terminal acts on instead of showing: C0 and C1 controls (escape
+# sequences: OSC 52 clipboard writes, title changes, cursor moves that hide lines; ``\r`` overwrites)
+# and the invisible format characters that reorder or hide text (bidirectional overrides,
+# zero-width characters). ``\n`` and ``\t`` stay.
+_TERMINAL_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e"
+                              "\u2060-\u206f\ufeff\ufff9-\ufffb]")
+
+
+def _escape_char(m: re.Match) -> str:
+    c = ord(m.group())
+    if c == 0x0D:
+        return "\\r"  # a carriage return shows where it was, and overwrites nothing
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def escape_for_terminal(text: str) -> str:
+    """``text`` with everything a terminal would act on written out as ``\\xNN`` or ``\\uNNNN``."""
+    return _TERMINAL_UNSAFE.sub(_escape_char, text)
+
+
+def read_script(ws: str, rel: str, offset: int | None, lines: int) -> str:
+    """Shell that prints "SIZE DONE START COUNT" (or "gone 0"), then, base64-encoded (so the bytes
+    arrive exactly as the job wrote them), COUNT bytes of the file from START, never past SIZE nor
+    more than ``READ_BYTES``. START is ``offset``; on the first read (``offset`` None) with
+    ``lines`` it is where the last ``READ_BYTES`` before SIZE begin, and the header also gives
+    TOTAL, the file's lines (a last one without its newline counts)."""
+    d, f = shlex.quote(ws), shlex.quote(f"{ws}/{rel}")
+    script = (f"[ -d {d} ] || {{ echo 'gone 0'; exit 0; }}\n"
+              "command -v base64 >/dev/null 2>&1 || { echo 'nobase64 0'; exit 0; }\n"
+              f"done=0; [ -e {d}/runtime/result.json ] && done=1\n"
+              f"s=$(( $(wc -c 2>/dev/null < {f} || echo 0) ))\n")
+    if offset is None and lines > 0:
+        script += f"b=$(( s > {READ_BYTES} ? s - {READ_BYTES} : 0 ))\n"
+    else:
+        script += f"b={int(offset or 0)}\n"
+    script += f"n=$(( s - b )); [ $n -gt {READ_BYTES} ] && n={READ_BYTES}; [ $n -lt 0 ] && n=0\n"
+    if offset is None:
+        script += ("t=0\n"
+                   f'[ "$s" -gt 0 ] && t=$(( $(head -c "$s" {f} | wc -l) + 1'
+                   f' - $(head -c "$s" {f} | tail -c 1 | wc -l) ))\n'
+                   'echo "$s $done $b $n $t"\n')
+    else:
+        script += 'echo "$s $done $b $n"\n'
+    return script + f'[ "$n" -gt 0 ] && tail -c +$(( b + 1 )) {f} | head -c "$n" | base64\nexit 0\n'
+
+
+def _count_lines(fd: int, size: int) -> int:
+    n, pos, last = 0, 0, b"\n"
+    while pos < size:
+        block = os.pread(fd, min(1 << 20, size - pos), pos)
+        if not block:
+            break
+        n, pos, last = n + block.count(b"\n"), pos + len(block), block[-1:]
+    return n + (last != b"\n")
+
+
+def local_read(ws: str, rel: str, offset: int | None, lines: int, roots: list) -> tuple[list[str], bytes]:
+    """``read_script``'s answer for a workspace on this host, read without following a link: the
+    workspace must lie inside ``roots`` (the local workspace root, the bundle store) and every
+    folder and the file are opened with ``O_NOFOLLOW`` (``dashboard.open_inside``); a link, a FIFO
+    or a path outside reads as an empty file, with a note on stderr."""
+    from reconciler.daemon.dashboard import open_inside
+
+    if not os.path.isdir(ws):
+        return ["gone", "0"], b""
+    done = "1" if os.path.lexists(os.path.join(ws, "runtime", "result.json")) else "0"
+    try:
+        fd = open_inside(os.path.join(ws, rel), roots)
+    except OSError as e:
+        if e.errno != errno.ENOENT:
+            print(f"reconcile logs: {rel}: {e.strerror}", file=sys.stderr)
+        fd = None
+    else:
+        if fd is None:
+            print(f"reconcile logs: {rel} is not a regular file reached without a link inside the workspace "
+                  "root or the bundle store; not shown", file=sys.stderr)
+    if fd is None:
+        return ["0", done, "0", "0"] + (["0"] if offset is None else []), b""
+    try:
+        size = os.fstat(fd).st_size
+        start = max(0, size - READ_BYTES) if offset is None and lines > 0 else min(int(offset or 0), size)
+        data = os.pread(fd, min(size - start, READ_BYTES), start)
+        header = [str(size), done, str(start), str(len(data))]
+        if offset is None:
+            header.append(str(_count_lines(fd, size)))
+        return header, data
+    finally:
+        os.close(fd)
+
+
+def last_lines(data: bytes, lines: int, cut: bool) -> bytes:
+    """The last ``lines`` lines of ``data``; ``cut``: ``data`` starts inside a line, which is left out."""
+    if cut:
+        data = data[data.find(b"\n") + 1:] if b"\n" in data else b""
+    if lines <= 0:
+        return data
+    body = data[:-1] if data.endswith(b"\n") else data
+    at = len(body)
+    for _ in range(lines):
+        at = body.rfind(b"\n", 0, at)
+        if at < 0:
+            return data
+    return data[at + 1:]
+
+
+class _Terminal:
+    """Bytes as text a terminal shows without acting on it (``escape_for_terminal``); bytes that
+    are not UTF-8 show as ``\\xNN``. A character split between two reads is decoded whole."""
+
+    def __init__(self) -> None:
+        self.decoders: dict[str, codecs.IncrementalDecoder] = {}
+
+    def write(self, stream: str, data: bytes, final: bool) -> None:
+        dec = self.decoders.setdefault(stream, codecs.getincrementaldecoder("utf-8")("backslashreplace"))
+        sys.stdout.write(escape_for_terminal(dec.decode(data, final)))
+        sys.stdout.flush()
+
+
+class _Raw:
+    """The bytes as the job wrote them."""
+
+    def write(self, stream: str, data: bytes, final: bool) -> None:
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+
+
+class _JsonLines:
+    """Bytes read from each stream → one ``{"stream", "line"}`` object per complete line."""
+
+    def __init__(self) -> None:
+        self.partial: dict[str, str] = {}
+        self.decoders: dict[str, codecs.IncrementalDecoder] = {}
+
+    def write(self, stream: str, data: bytes | str, final: bool) -> None:
+        if isinstance(data, str):
+            data = data.encode("utf-8", "surrogateescape")
+        dec = self.decoders.setdefault(stream, codecs.getincrementaldecoder("utf-8")("replace"))
+        text = dec.decode(data, final)
+        pieces = (self.partial.pop(stream, "") + text).split("\n")
+        rest = pieces.pop()  # after the last newline: the start of a line still being written
+        if rest and final:
+            pieces.append(rest)
+        elif rest:
+            self.partial[stream] = rest
+        for line in pieces:
+            sys.stdout.write(json.dumps({"stream": stream, "line": line}, ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+
+    def flush(self) -> None:
+        for stream in list(self.partial):
+            self.write(stream, b"", final=True)
+
+
+def follow_logs(cfg: Config, name: str, stream: str, lines: int, follow: bool, interval: float = 0.5,
+                as_json: bool = False, raw: bool | None = None) -> int:
+    """``raw``: write the bytes as they are; None: only when stdout is not a terminal (a pipe or a
+    file gets the exact log, a terminal the log with its control characters escaped)."""
+    st = statuses.load_all(cfg.repo / "status").get(name)
+    if st is None or st.handle is None or not st.handle.workspace:
+        print(f"reconcile logs: run {name!r} has not been launched (no status handle)", file=sys.stderr)
+        return 1
+    machine, ws = st.handle.machine or LOCAL, st.handle.workspace
+    # The copy collected after the run (named by its identity; without one there is none to find).
+    # A run on several machines: node 0's (the handle's machine and workspace are node 0's too).
+    ident = st.handle.nodes[0]["identity"] if st.handle.nodes else st.handle.identity
+    collected = cfg.state_dir / "bundles" / ident if ident else None
+    # Where a workspace on this host may be read: a status file names the path, and anyone who can
+    # push can write one.
+    roots = [cfg.local_root, cfg.state_dir / "bundles"]
+
+    def has_copy() -> bool:  # asked again when a workspace is gone: collection may have happened meanwhile
+        return machine != LOCAL and collected is not None and collected.is_dir()
+
+    if raw is None:
+        raw = not sys.stdout.isatty()
+    pool = recorded_pool(cfg, load_tree(cfg.repo), {name: st})
+    try:
+        if st.phase in statuses.TERMINAL and has_copy():
+            machine, ws = LOCAL, str(collected)
+        t = pool.get(machine) if machine != LOCAL else None
+        offsets: dict[str, int | None] = {f: None for f in STREAMS[stream]}
+        out = _JsonLines() if as_json else _Raw() if raw else _Terminal()
+
+        def read(f: str) -> tuple[list[str], bytes]:
+            if t is None:
+                return local_read(ws, f, offsets[f], lines, roots)
+            header, _, body = t.sh(read_script(ws, f, offsets[f], lines), timeout=60).out.partition("\n")
+            try:
+                data = base64.b64decode(body)
+            except ValueError:  # cut short: read again from the same offset next time
+                return ["", ""], b""
+            return header.split(), data
+
+        while True:
+            first_done = None
+            for f in STREAMS[stream]:
+                target = None
+                while True:  # pieces of at most READ_BYTES, up to the size the first piece saw
+                    header, body = read(f)
+                    if header[:1] == ["nobase64"]:
+                        print(f"reconcile logs: {machine} has no base64 command (coreutils), which reading "
+                              "a log there needs", file=sys.stderr)
+                        return 1
+                    if header[:1] == ["gone"]:
+                        if not has_copy():
+                            print(f"reconcile logs: the workspace of {st.handle.identity} is gone from {machine}",
+                                  file=sys.stderr)
+                            return 1
+                        machine, ws, t = LOCAL, str(collected), None  # removed after collection
+                        header, body = read(f)
+                    size, done, start, count, total = (header + ["", "", "", "", ""])[:5]
+                    if first_done is None:
+                        first_done = done == "1"
+                    if not (size.isdigit() and start.isdigit() and count.isdigit()) or len(body) != int(count):
+                        break  # an answer cut short: the next round reads from the same offset
+                    size_n, start_n = int(size), int(start)
+                    if offsets[f] is None:
+                        if lines > 0:
+                            cut = start_n > 0
+                            body = last_lines(body, lines, cut)
+                            shown = body.count(b"\n") + (bool(body) and not body.endswith(b"\n"))
+                            if total.isdigit() and int(total) > shown:
+                                more = " (as many as its last 4 MiB hold)" if cut and shown < lines else ""
+                                print(f"reconcile logs: showing the last {shown} lines{more} of {total} of "
+                                      f"{f.rsplit('/', 1)[-1]}; use --lines 0 for all", file=sys.stderr)
+                    if target is None:
+                        target = size_n
+                    offsets[f] = start_n + int(count)
+                    last_piece = offsets[f] >= min(size_n, target)
+                    if isinstance(out, _JsonLines):
+                        out.write(f.rsplit("/", 1)[-1].removesuffix(".log"), body, final=not follow and last_piece)
+                    elif body:
+                        # A last line without its newline gets one, unless more may follow on it.
+                        end = b"\n" if not follow and last_piece and not body.endswith(b"\n") else b""
+                        out.write(f, body + end, final=last_piece and not follow)
+                    if last_piece or not body:
+                        break
+            # Done when the result existed before this round's reads began: they saw every byte.
+            if not follow or first_done:
+                if isinstance(out, _JsonLines):
+                    out.flush()
+                return 0
+            time.sleep(interval)
+    except ReconcilerError as e:
+        print(f"reconcile logs: {e}", file=sys.stderr)
+        return 1
+    finally:
+        pool.close()

@@ -1,0 +1,419 @@
+"""Apply: carry out a plan's changes and report an outcome per run; never raise for one run.
+
+Changes run with bounded concurrency: machines in parallel, one machine's changes in order (so
+a terminate that frees a GPU happens before the launch that takes it). A change that fails is
+recorded as that run's outcome, with whether retrying can help, and the pass goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from reconciler.artifacts import bundle as bundles
+from reconciler.artifacts import provenance, safetar
+from reconciler.core.actions import Action
+from reconciler.machines import launchers
+from reconciler.machines.base import LaunchResult, LaunchSpec, SlurmJob
+from reconciler.core.errors import PermanentError, ReconcilerError, TemporaryError
+from reconciler.core.identity import make, node_identity, node_of, parse
+from reconciler.core.names import LOCAL
+from reconciler.planner.plan import Change, Plan
+from reconciler.spec.load import DesiredState
+from reconciler.spec.resolve import effective
+
+
+def _after_stage() -> None:
+    """Does nothing: a seam for the crash-safety tests (tests/faults.py replaces it with a kill),
+    between staging a bundle on its machine and starting it."""
+
+
+@dataclass
+class Outcome:
+    name: str
+    action: Action
+    ok: bool = True
+    error: str = ""
+    permanent: bool = False
+    launched: LaunchResult | None = None
+    machine: str | None = None
+    workspace: str | None = None
+    manifest: dict | None = None
+    killed: list[str] = field(default_factory=list)
+    side: bool = False  # a fence or a leftover's collection: not the run's own change, not its status
+    rental: dict | None = None  # provision: the rental asked for; launch on a rental: its pinned host key
+    rental_step: str | None = None  # where a launch on a rental stopped: "ssh" or "gpus"
+    gpus_seen: str | None = None  # what the GPU check found on the rental
+
+
+@dataclass
+class ApplyContext:
+    repo: Path
+    desired: DesiredState
+    transport_for: Callable[[str], object]
+    repo_head: str | None  # HEAD at launch (the bundle's repo_head); None outside git
+    terminate_grace: float = 10.0
+    remote_cleanup: str = "after_collect"
+    parallel: int = 8
+    secret_source: Callable[[str], str | None] = os.environ.get
+    machine_python: Callable[[str], str | None] = lambda machine: None
+    spec_commits: dict[str, str] = field(default_factory=dict)  # spec file → its spec commit (the loop finds them)
+    providers: object = None  # rentals.Providers: the adapters for provision and release
+    rental_key: Callable[[str], str | None] = lambda machine: None  # a rental's pinned (or first-seen) host key
+    ssh_ready_timeout: float = 20.0
+    checkpoint_copy_mbps: float | None = None  # bandwidth of checkpoint copies off rentals (None: unbounded)
+    # What one collection or checkpoint copy may bring to this host (collect_max_bytes / _files).
+    collect_limits: safetar.Limits = field(default_factory=safetar.Limits)
+
+    def local_dir(self, machine: str, identity: str, workspace: str) -> Path:
+        """Where an attempt's bundle lives on this host: its workspace itself when it runs here."""
+        return Path(workspace) if machine == LOCAL else self.repo / ".reconciler" / "bundles" / identity
+
+
+def apply(plan: Plan, ctx: ApplyContext) -> list[Outcome]:
+    todo = [c for c in plan.changes if c.mutates]
+    groups: dict[str, list[Change]] = {}
+    for c in todo:
+        key = c.machine or (c.kill[0].machine if c.kill else LOCAL)
+        groups.setdefault(key, []).append(c)
+
+    def run_group(changes: list[Change]) -> list[Outcome]:
+        return [_one(c, ctx) for c in changes]
+
+    outcomes: list[Outcome] = []
+    if len(groups) <= 1:
+        for changes in groups.values():
+            outcomes.extend(run_group(changes))
+    else:
+        with ThreadPoolExecutor(max_workers=max(1, min(ctx.parallel, len(groups)))) as pool:
+            for result in pool.map(run_group, groups.values()):
+                outcomes.extend(result)
+    return outcomes
+
+
+def _one(c: Change, ctx: ApplyContext) -> Outcome:
+    out = Outcome(c.name, c.action, machine=c.machine, side=c.phase is None)
+    if c.action in (Action.PROVISION, Action.RELEASE):
+        return _rental_change(c, ctx, out)
+    try:
+        for k in c.kill:
+            t = ctx.transport_for(k.machine)
+            ws = k.workspace or t.workspace(k.identity)
+            done = launchers.terminate(t, k.identity, ws, ctx.terminate_grace if k.grace is None else k.grace)
+            if done.get("error"):
+                raise TemporaryError(f"cannot stop {k.identity} on {k.machine}: {done['error']}")
+            out.killed.append(k.identity)
+        if c.action == Action.TERMINATE and c.phase == "Terminated":
+            _collect_stopped(c, ctx, out)
+        if c.collect_first is not None:
+            f = c.collect_first
+            for n in c.collect_nodes or [f]:
+                try:
+                    _collect_into(ctx, n.machine, n.identity, n.workspace, final=False)
+                except ReconcilerError:
+                    pass  # the relaunch matters more than the failed attempt's logs; its workspace stays
+        if c.action in (Action.LAUNCH, Action.RELAUNCH):
+            _launch(c, ctx, out)
+        elif c.action == Action.COLLECT and c.machine:
+            _collect(c, ctx, out)
+        elif c.action == Action.SAVE:
+            from reconciler.rentals import checkpoints
+
+            checkpoints.save(ctx.transport_for(c.machine), c.identity, c.checkpoint, ctx.repo / ".reconciler",
+                             c.name, c.generation, ctx.checkpoint_copy_mbps, ctx.collect_limits)
+    except PermanentError as e:
+        out.ok, out.error, out.permanent = False, str(e), True
+    except ReconcilerError as e:
+        out.ok, out.error = False, str(e)
+    except Exception as e:  # noqa: BLE001 - one run's failure never stops the pass
+        out.ok, out.error = False, f"{type(e).__name__}: {e}"
+    return out
+
+
+def _launch(c: Change, ctx: ApplyContext, out: Outcome) -> None:
+    entry = ctx.desired.runs[c.name]
+    # Secrets first: a launch that cannot start must leave nothing behind on the machine.
+    refused = secret_refusals(ctx.desired, entry.run)
+    if refused:  # validation refuses the run already; this holds even if a bug let it through
+        raise PermanentError("; ".join(refused))
+    secrets = {}
+    missing = []
+    for name in entry.run.spec.secrets:
+        value = ctx.secret_source(name)
+        if value is None:
+            missing.append(name)
+        else:
+            secrets[name] = value
+    if missing:
+        raise TemporaryError(f"secret(s) {', '.join(missing)} not set on the reconciler host")
+    if c.nodes:
+        _launch_gang(c, ctx, out, entry, secrets)
+        return
+    t = ctx.transport_for(c.machine)
+    if c.rental is not None:
+        _rental_ready(c, ctx, t, out)
+    out.launched, out.workspace = _launch_one(c, ctx, entry, secrets, t, c.identity, c.gpus)
+
+
+def secret_refusals(desired: DesiredState, run) -> list[str]:
+    """Why the run may not have each secret it lists that it may not have (empty: it may have them
+    all), by the Policy's grants and the names the reconciler keeps to itself. A Policy file that
+    is there but invalid grants nothing: its rules cannot be read, so no secret leaves."""
+    from reconciler.spec.checks import provider_credentials
+    from reconciler.spec.models import secret_refusal
+
+    if run.spec.secrets and desired.policy is None and any(f.kind == "Policy" for f in desired.files):
+        return [f"the Policy is invalid, so no secret is given to any run ({', '.join(run.spec.secrets)} held back)"]
+    policy = desired.policy.spec if desired.policy is not None else None
+    reserved = provider_credentials(desired.files)  # the same names validation holds back
+    rules = policy.secrets if policy is not None else None
+    label = policy.teamLabel if policy is not None else "team"
+    team = run.metadata.labels.get(label)
+    out = []
+    for name in run.spec.secrets:
+        why = secret_refusal(rules, run.metadata.name, team, name, reserved, label)
+        if why:
+            out.append(why)
+    return out
+
+
+def _launch_one(c: Change, ctx: ApplyContext, entry, secrets: dict, t, identity: str, gpus: list[int],
+                gang: dict | None = None, env: dict | None = None) -> tuple[LaunchResult, str]:
+    """Build, stage and start one instance (one node of a run on several machines: ``gang`` is
+    its {rank, of, machines}, ``env`` its rank and rendezvous)."""
+    template = ctx.desired.templates[entry.run.spec.template]
+    eff = effective(entry.run, template)
+    machine = t.machine.name
+    local_dir = ctx.local_dir(machine, identity, t.workspace(identity))
+    python = eff.python or ctx.machine_python(machine)
+    resume = _resume_path(t, c) if c.resume_from and entry.run.spec.task.type != "command" else None
+    saved = None
+    if resume is None and c.resume_from and entry.run.spec.task.type != "command":
+        # Not on this machine (a new rental): the copy taken off the old one, staged with the bundle.
+        from reconciler.rentals import checkpoints
+
+        p = parse(c.resume_from)
+        saved = checkpoints.latest(ctx.repo / ".reconciler", p.name, p.generation) if p else None
+        if saved is not None:  # inputs/.reconciler/: a path no repository input can take
+            resume = f"{t.workspace(identity)}/inputs/.reconciler/resume/{saved.name}"
+    req = bundles.BundleRequest(
+        repo_root=ctx.repo, identity=identity, run=entry.run, spec_digest=entry.digest, repo_head=ctx.repo_head,
+        template=template, effective=eff, machine=machine, gpus=gpus, python=python, resume_from=resume,
+        spec_commit=ctx.spec_commits.get(entry.rel), gang=gang,
+    )
+    b = bundles.build(req, local_dir)
+    if saved is not None:
+        from reconciler.rentals import checkpoints
+
+        checkpoints.stage(saved, Path(b.path), ctx.collect_limits)
+    ws = t.stage(b.path, identity, entry.digest)
+    _after_stage()
+    spec = LaunchSpec(identity=identity, run_name=c.name, workspace=ws, launch_mode=eff.launch_mode,
+                      image=eff.image, network=eff.network, pull=eff.pull, gpus=gpus, secrets=secrets,
+                      spec_digest=entry.digest, slurm=slurm_job(template, eff), env=dict(env or {}))
+    return launchers.launch(t, spec), ws
+
+
+def _launch_gang(c: Change, ctx: ApplyContext, out: Outcome, entry, secrets: dict) -> None:
+    """Start every node of a run on several machines, or none: a node that cannot start stops the
+    ones already started (the attempt is relaunched whole, never left running in part).
+
+    The rendezvous is node 0's machine, at the address the reconciler reaches it by, on a port
+    found free there now; each node learns it, its rank and the node count at launch
+    (runtime/launch.env), so its bundle holds nothing that depends on where the others are."""
+    transports = [ctx.transport_for(n.machine) for n in c.nodes]
+    master = transports[0]
+    fm = getattr(master.machine, "fleet_machine", None)
+    addr = fm.ssh.host if fm is not None else "127.0.0.1"
+    port = _free_port(master, addr)
+    machines = [n.machine for n in c.nodes]
+    started: list[tuple[object, str, str]] = []
+    try:
+        for rank, (n, t) in enumerate(zip(c.nodes, transports)):
+            env = {"NNODES": str(len(c.nodes)), "NODE_RANK": str(rank), "MASTER_ADDR": addr, "MASTER_PORT": str(port)}
+            launched, ws = _launch_one(c, ctx, entry, secrets, t, n.identity, n.gpus,
+                                       gang={"rank": rank, "of": len(c.nodes), "machines": machines}, env=env)
+            started.append((t, n.identity, ws))
+            n.workspace = ws
+            if rank == 0:
+                out.launched, out.workspace = launched, ws
+    except Exception:
+        for t, ident, ws in started:
+            try:
+                launchers.terminate(t, ident, ws, ctx.terminate_grace)
+            except Exception:  # noqa: BLE001 - best effort: the next pass fences what is left
+                pass
+        raise
+    out.launched = LaunchResult(c.identity, out.workspace, adopted=out.launched.adopted, pid=out.launched.pid)
+
+
+def _free_port(t, addr: str) -> int:
+    """A TCP port free on the machine now, for torchrun's rendezvous there."""
+    script = ("for py in python3 python; do command -v $py >/dev/null 2>&1 && exec $py -c "
+              + shlex.quote("import socket, sys; s = socket.socket(); s.bind((sys.argv[1], 0)); "
+                            "print(s.getsockname()[1])") + f" {shlex.quote(addr)}; done; exit 127")
+    r = t.sh(script, timeout=30)
+    port = r.out.strip()
+    if r.rc != 0 or not port.isdigit():
+        raise TemporaryError(f"no free port for the rendezvous on {t.machine.name}: {r.err.strip()[:200]}")
+    return int(port)
+
+
+def slurm_job(template, eff) -> SlurmJob | None:
+    """What sbatch asks for a run of a slurm template (None for other placements)."""
+    s = template.placement.slurm
+    if s is None:
+        return None
+    r = eff.resources
+    return SlurmJob(env=dict(s.env), partition=s.partition, time_limit=s.time_limit, gres=s.gres,
+                    sbatch_args=list(s.sbatch_args), nodes=r.nodes, gpus_per_node=r.gpu_count,
+                    cpus_per_node=r.cpu_count, memory_gb=r.memory_gb)
+
+
+def _rental_change(c: Change, ctx: ApplyContext, out: Outcome) -> Outcome:
+    """Ask a provider for a machine, or give one back. A failure is never the run's end: the run
+    waits (Pending, Provisioned False) and the next pass tries again."""
+    try:
+        if c.collect_first is not None:
+            f = c.collect_first
+            try:
+                _collect_into(ctx, f.machine, f.identity, f.workspace, final=False)
+            except ReconcilerError:
+                pass  # the lost machine's logs matter less than the new machine
+        adapter = ctx.providers.get(c.rental["provider"])
+        if c.action == Action.PROVISION:
+            offer = next(o for o in adapter.provider.spec.offers if o.id == c.rental["offer"])
+            r = adapter.provision(c.rental["name"], offer)
+            out.rental = {"provider": c.rental["provider"], "id": r.id, "name": r.name, "offer": offer.id,
+                          "price_per_hour": r.price_per_hour if r.price_per_hour is not None else offer.price_per_hour}
+        else:
+            adapter.terminate(c.rental["id"])
+            out.rental = dict(c.rental)
+    except ReconcilerError as e:
+        out.ok, out.error = False, str(e)
+    except Exception as e:  # noqa: BLE001 - one run's failure never stops the pass
+        out.ok, out.error = False, f"{type(e).__name__}: {e}"
+    return out
+
+
+def _rental_ready(c: Change, ctx: ApplyContext, t, out: Outcome) -> None:
+    """A rental is used only once SSH answers (under the pinned host key) and its GPUs are what
+    the offer promised; a machine that is not is given back and its offer set aside for a while."""
+    from reconciler.rentals.inventory import GpuMismatch, verify_gpus, wait_for_ssh
+
+    out.rental_step = "ssh"
+    wait_for_ssh(t, ctx.ssh_ready_timeout)
+    out.rental = dict(c.rental, host_key=ctx.rental_key(c.machine))
+    out.rental.pop("verify", None)
+    fm = getattr(t.machine, "fleet_machine", None)
+    if fm is not None:  # where it is, for the passes when the provider's API cannot say
+        out.rental.update(host=fm.ssh.host, port=fm.ssh.port, user=fm.ssh.user, identity_file=fm.ssh.identity_file,
+                          workspace_root=fm.workspace_root)
+    want = c.rental.get("verify")
+    if want:
+        out.rental_step = "gpus"
+        try:
+            out.gpus_seen = verify_gpus(t, want)
+        except GpuMismatch as e:
+            try:
+                ctx.providers.get(c.rental["provider"]).terminate(c.rental["id"])
+            finally:
+                ctx.providers.mark_bad(c.rental["provider"], c.rental.get("offer"))
+            raise GpuMismatch(f"GPU check failed on {c.machine}: {e}; gave it back, offer "
+                              f"{c.rental.get('offer')} set aside") from None
+    out.rental_step = None
+
+
+def _resume_path(t, c: Change) -> str | None:
+    """The latest complete checkpoint of the previous attempts on this machine, newest attempt first.
+
+    ``c.resume_from`` is the failed attempt's identity; when it died before saving anything, the
+    attempt before it (which it resumed from) may still hold one. A checkpoint counts only once its
+    ``trainer_state.json`` exists: a kill in the middle of a save leaves a folder without it.
+    One round trip; None when there is nothing to resume from (the run then starts over).
+    """
+    p = parse(c.resume_from)
+    idents = [make(p.name, p.generation, a) for a in range(p.attempt, 0, -1)] if p else [c.resume_from]
+    # A run on several machines saves its checkpoints on node 0: that node's workspaces too.
+    idents = [x for i in idents for x in (i, node_identity(i, 0))]
+    outs = " ".join(shlex.quote(f"{t.workspace(i)}/artifacts/output") for i in idents)
+    script = (f"for d in {outs}; do\n"
+              "  [ -d \"$d\" ] || continue\n"
+              "  best=$(cd \"$d\" && for c in checkpoint-*; do [ -f \"$c/trainer_state.json\" ] && echo \"$c\"; done"
+              " | sort -t- -k2 -n | tail -n 1)\n"
+              "  if [ -n \"$best\" ]; then echo \"$d/$best\"; exit 0; fi\n"
+              "done\n")
+    r = t.sh(script, timeout=30)
+    found = r.out.strip()
+    return found if r.rc == 0 and found.rsplit("/", 1)[-1].startswith("checkpoint-") else None
+
+
+def _collect(c: Change, ctx: ApplyContext, out: Outcome) -> None:
+    if c.code == "Leftover" and c.remove:
+        _collect_leftover(c, ctx)
+        return
+    final = c.phase in ("Succeeded", "Failed", "Terminated")
+    if c.nodes:  # each node's logs and artifacts; the run's manifest is node 0's
+        for rank, n in enumerate(c.nodes):
+            manifest, ws = _collect_into(ctx, n.machine, n.identity, n.workspace, final)
+            if rank == 0:
+                out.manifest, out.workspace = manifest, ws
+    else:
+        out.manifest, out.workspace = _collect_into(ctx, c.machine, c.identity, c.workspace, final)
+    if final and ctx.remote_cleanup == "after_collect":
+        for k in c.cleanup:
+            t = ctx.transport_for(k.machine)
+            launchers.finish(t, k.workspace or t.workspace(k.identity), remove=True)
+
+
+def _collect_stopped(c: Change, ctx: ApplyContext, out: Outcome) -> None:
+    """A run stopped for good: what it wrote until the end is collected now, as for any final end
+    (a failure here only delays it: the next pass finds the instance uncollected)."""
+    for k in c.kill:
+        try:
+            manifest, ws = _collect_into(ctx, k.machine, k.identity, k.workspace, final=True)
+        except ReconcilerError:
+            continue
+        if node_of(k.identity) in (None, 0):  # a run on several machines: its manifest is node 0's
+            out.manifest, out.workspace = manifest, ws
+
+
+def _collect_leftover(c: Change, ctx: ApplyContext) -> None:
+    """A leftover nothing will need again: keep its logs in the local bundle folder when it ran
+    elsewhere (a bundle that never started has none), then remove its workspace, here too."""
+    t = ctx.transport_for(c.machine)
+    ws = c.workspace or t.workspace(c.identity)
+    if c.machine != LOCAL and c.ran:
+        local_dir = ctx.local_dir(c.machine, c.identity, ws)
+        t.fetch(c.identity, local_dir, limits=ctx.collect_limits)
+    launchers.finish(t, ws, remove=True)
+
+
+def _collect_into(ctx: ApplyContext, machine: str, identity: str, workspace: str | None,
+                  final: bool) -> tuple[dict, str]:
+    """Fetch an attempt's artifacts into its local bundle and write its manifest there."""
+    t = ctx.transport_for(machine)
+    ws = workspace or t.workspace(identity)
+    local_dir = ctx.local_dir(machine, identity, ws)
+    got = t.fetch(identity, local_dir, limits=ctx.collect_limits)
+    # What the machine sent that is not a plain file or folder (a FIFO, a link), or beyond the
+    # limits, was left out: the collection still counts (the run ends, its machine is released),
+    # and what was left out is said in the manifest and the run's status.
+    note = got.note()
+    collection = dict(got.as_dict(), note=note) if note else None
+    if local_dir.is_dir():  # artifacts/manifest.json: provenance and every artifact's size and hash
+        full = provenance.write(local_dir, collection=collection)
+        manifest = {"artifacts": full["run"]["artifacts"], "provenance": provenance.summary(full)}
+    else:
+        manifest = {"artifacts": []}
+    if collection is not None:
+        manifest["collection"] = collection
+    # Only a run's final collection removes its remote workspace: a failed attempt that will be
+    # retried keeps it (the retry may resume from its checkpoints; attempts are counted from it).
+    remove = machine != LOCAL and ctx.remote_cleanup == "after_collect" and final
+    launchers.finish(t, ws, remove)
+    return manifest, str(local_dir)

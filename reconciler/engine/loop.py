@@ -1,0 +1,348 @@
+"""One reconcile pass: load → observe → plan → apply → summarize → commit.
+
+Level-triggered: a pass looks at the whole world each time and relies on no memory of earlier
+passes beyond what git holds (specs and status files) and what the machines report. Running a pass
+twice, or after a crash at any point, converges to the same world without launching twice.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from reconciler.gitops import repo as gitops
+from reconciler.artifacts import safetar
+from reconciler.status import store as statuses
+from reconciler.core.actions import Action
+from .apply import ApplyContext, Outcome, apply
+from reconciler.core.config import Config
+from reconciler.planner.exposure import shared_login_warnings
+from reconciler.status.ledger import Ledger
+from .observe import names_to_watch, observe
+from reconciler.core.observed import ObservedWorld
+from reconciler.planner.plan import Plan, PlanSettings, make_plan
+from reconciler.rentals.inventory import Providers
+from reconciler.spec.load import DesiredState, SpecCache, load_tree
+from reconciler.machines.pool import TransportPool
+
+log = logging.getLogger("reconciler")
+FULL_GC_EVERY = 50
+
+
+def _after_apply() -> None:
+    """Does nothing: a seam for the crash-safety tests (tests/faults.py replaces it with a kill),
+    between applying a plan (runs launched) and writing any status."""
+
+
+@dataclass
+class PassResult:
+    desired: DesiredState
+    world: ObservedWorld
+    plan: Plan
+    outcomes: list[Outcome] = field(default_factory=list)
+    written: list[str] = field(default_factory=list)
+    transitions: list[str] = field(default_factory=list)
+    commit: str | None = None
+    committed: list[str] = field(default_factory=list)  # the runs whose status files the commit holds
+    duration: float = 0.0
+    retry_after: float | None = None  # the soonest a run asked to be looked at again
+
+
+def local_gpus(cfg: Config) -> int:
+    if cfg.local_gpus is not None:
+        return cfg.local_gpus
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVML: no GPUs here
+        return 0
+
+
+class Reconciler:
+    """Holds what may be reused between passes in one process: the spec cache and connections."""
+
+    def __init__(self, cfg: Config, keep_connections: bool = False):
+        self.cfg = cfg
+        # A long-lived reconciler (the daemon) keeps its SSH connections from pass to pass.
+        self.connections: dict | None = {} if keep_connections else None
+        self.transport_factory = None  # benchmarks/scale_bench.py: simulated machines instead of SSH
+        self.cache = SpecCache()
+        self.status_cache = statuses.StatusCache()
+        self.ledger = Ledger()  # status/README.md and the loss curves, rows kept across passes
+        # Finished runs that nothing has touched since: neither parsed, held nor planned until their
+        # spec digest, their status file or the machines' view of them changes (see _settle).
+        self.settled: dict[str, Settled] = {}
+        self.phase_counts: Counter[str] = Counter()
+        self.repo = gitops.open_repo(cfg.repo)
+        self._gpus: int | None = None
+        # Where a run's secrets are looked up at launch (the reconciler host's environment).
+        self.secret_source: Callable[[str], str | None] = os.environ.get
+        self.providers = Providers(cfg.repo, cfg.state_dir, lambda name: self.secret_source(name))
+        self._passes = 0  # counts passes for the periodic full collection
+
+    def settings(self) -> PlanSettings:
+        if self._gpus is None:
+            self._gpus = local_gpus(self.cfg)
+        return PlanSettings(unreachable_grace=self.cfg.unreachable_grace, orphan_grace=self.cfg.orphan_grace,
+                            local_max_tasks=self.cfg.local_max_tasks, local_gpus=self._gpus,
+                            gang_heartbeat_timeout=self.cfg.gang_heartbeat_timeout)
+
+    def run_pass(self, dry_run: bool = False, commit: bool | None = None, now: float | None = None) -> PassResult:
+        t0 = time.perf_counter()
+        cfg = self.cfg
+        now = time.time() if now is None else now
+        desired = load_tree(cfg.repo, self.cache, tree_version=gitops.head(self.repo))
+        status_dir = cfg.repo / "status"
+        candidates = {n: s.key for n, s in self.settled.items()
+                      if n not in desired.invalid and _digest(desired, n) == s.digest}
+        skipped: set[str] = set()
+        previous = statuses.load_all(status_dir, self.status_cache, skip=candidates, skipped=skipped)
+        pool = TransportPool(cfg, desired, self.connections, self.transport_factory)
+        try:
+            rentals, provider_errors = self._observe_rentals(desired)
+            pool.add_rentals(rentals, provider_errors, self.providers, previous)
+            machines = pool.machines(previous)
+            # A settled run's status is read only if a machine reports one of its attempts: the
+            # report must be bound to the machine that status records. Every other status is in
+            # ``previous`` already, so a name a machine makes up costs no file open.
+            looked: dict[str, statuses.RunStatus | None] = {}
+
+            def recorded(name: str) -> statuses.RunStatus | None:
+                if name not in skipped:
+                    return None
+                if name not in looked:
+                    looked[name] = statuses.load_one(status_dir, name)
+                return looked[name]
+
+            world = observe(machines, pool.get, names_to_watch(desired, previous, frozenset(skipped)), previous,
+                            now, cfg.parallel_machines, recorded=recorded)
+            world.rentals, world.provider_errors = rentals, provider_errors
+            if rentals:
+                from reconciler.rentals import checkpoints
+
+                world.saved_checkpoints = checkpoints.saved(cfg.state_dir)
+            for name in [n for n in skipped if world.instances(n)]:  # something of it is out there again
+                st = looked[name] if name in looked else statuses.load_one(status_dir, name)
+                skipped.discard(name)
+                if st is not None:
+                    previous[name] = st
+            missing = {name: [s for s in e.run.spec.secrets if self.secret_source(s) is None]
+                       for name, e in desired.runs.items() if e.run.spec.secrets}
+            settings = self.settings()
+            if desired.providers or rentals:
+                settings.namespace = cfg.repo_namespace
+                settings.bad_offers = dict(self.providers.bad_offers)
+                settings.spend = self._spend(previous, now)
+            plan = make_plan(desired, world, previous, now, settings, settled=frozenset(skipped),
+                             missing_secrets={n: m for n, m in missing.items() if m})
+            # Secrets are only as private as the unix login the runs share: say where teams share one.
+            plan.warnings.extend(shared_login_warnings(desired, world, plan))
+            result = PassResult(desired, world, plan)
+            if dry_run:
+                result.duration = time.perf_counter() - t0
+                return result
+            repo_head = gitops.head(self.repo)
+            # One history walk per pass for every spec commit it needs: bundles and status files.
+            spec_commits = self._spec_commits(plan, previous)
+            ctx = ApplyContext(repo=cfg.repo, desired=desired, transport_for=pool.get, repo_head=repo_head,
+                               spec_commits=spec_commits,
+                               terminate_grace=cfg.terminate_grace, remote_cleanup=cfg.remote_cleanup,
+                               parallel=cfg.parallel_changes, machine_python=pool.python_for,
+                               secret_source=self.secret_source, providers=self.providers,
+                               rental_key=pool.rental_key, ssh_ready_timeout=cfg.ssh_ready_timeout,
+                               checkpoint_copy_mbps=cfg.checkpoint_copy_mbps,
+                               collect_limits=safetar.Limits(cfg.collect_max_bytes, cfg.collect_max_files))
+            result.outcomes = apply(plan, ctx)
+            _after_apply()
+        finally:
+            pool.close()
+        by_name = {o.name: o for o in result.outcomes if not o.side}
+        phases = {n: st.phase for n, st in previous.items()}
+        written: dict[str, statuses.RunStatus] = {}
+        for change in plan.changes:
+            if change.phase is None:
+                continue
+            prev = previous.get(change.name)
+            obs = world.find(change.identity) if change.identity else None
+            new = statuses.summarize(prev, change, by_name.get(change.name), obs, now,
+                                     spec_commits.get(change.spec_path or ""))
+            if new is prev or statuses.same_ignoring_time(prev, new):
+                continue
+            new.observed_at = statuses.iso(now)
+            try:
+                wrote = statuses.write_if_changed(status_dir, new)
+            except statuses.UnsafeName as e:  # defence in depth: names are DNS labels by validation
+                log.error("not writing a status file: %s", e)
+                continue
+            if wrote:
+                phases[change.name] = new.phase
+                result.written.append(change.name)
+                written[change.name] = new
+                self.status_cache.remember(status_dir, new)
+                before = prev.phase if prev else "-"
+                if before != new.phase or (prev and (prev.attempt, prev.generation) != (new.attempt, new.generation)):
+                    ident = change.identity or ""
+                    result.transitions.append(f"{change.name}: {before} → {new.phase} [{ident}] {change.reason}"[:300])
+        if cfg.ledger:
+            self.ledger.refresh(status_dir, previous, written, now)
+        # A run whose last machine is a rental still up keeps its status loaded: it dates the
+        # rental's idle time (and so when it is given back).
+        on_rentals = {n: st for n, st in previous.items()
+                      if st.handle is not None and st.handle.machine in world.rentals}
+        costs = {n: ((st.cost or {}).get("provider"), statuses.cost_so_far(st, now))
+                 for n, st in {**previous, **written}.items() if st.cost}
+        del previous  # the parsed statuses of settled runs can go now
+        self._settle(desired, world, plan, skipped, phases, status_dir, on_rentals, costs)
+        waits = [c.retry_after for c in plan.changes if c.retry_after]
+        result.retry_after = min(waits) if waits else None
+        do_commit = cfg.commit if commit is None else commit
+        if do_commit and self.repo is not None:
+            lines = {line.split(":", 1)[0]: line for line in result.transitions}
+
+            def message(paths: list[str]) -> str:
+                names = [Path(p).stem for p in paths]
+                at_head = gitops.head_blobs(self.repo, [p for n, p in zip(names, paths) if n not in lines])
+                found = [lines.get(n) or _transition_since_head(self.repo, p, at_head[p], written.get(n))
+                         for n, p in zip(names, paths)]
+                return gitops.transitions_message([t for t in found if t], files=len(paths))
+
+            made = gitops.commit_status(self.repo, message, gitops.Author(cfg.author_name, cfg.author_email))
+            if made is not None:
+                result.commit, result.committed = made.sha, [Path(p).stem for p in made.paths]
+        result.duration = time.perf_counter() - t0
+        self._gc()
+        return result
+
+    def _gc(self) -> None:
+        """What a pass leaves behind is mostly caches that live as long as the process (parsed
+        specs and statuses): frozen out of the cyclic collector's sight, so that it does not walk
+        them again and again during the next pass (a third of a big pass's time otherwise).
+        Refcounting still frees what is dropped; every FULL_GC_EVERY passes the collector looks at
+        everything once, for cycles."""
+        self._passes += 1
+        if self._passes % FULL_GC_EVERY == 0:
+            gc.unfreeze()
+            gc.collect()
+        gc.freeze()
+
+    def _spec_commits(self, plan: Plan, previous: dict) -> dict[str, str]:
+        """The spec commit of each run that launches, or whose status records a new spec, this
+        pass: the last commit that changed its spec file (one definition, shared with provenance)."""
+        paths = []
+        for c in plan.changes:
+            prev = previous.get(c.name)
+            if c.phase is not None and c.spec_path and (
+                    c.action in (Action.LAUNCH, Action.RELAUNCH) or statuses.records_new_spec(prev, c)):
+                paths.append(c.spec_path)
+        if not paths or self.repo is None:
+            return {}
+        return gitops.last_commits(self.cfg.repo, paths)
+
+    def close(self) -> None:
+        """Close the kept connections (the daemon, when it stops)."""
+        for _, t in (self.connections or {}).values():
+            try:
+                t.close()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
+        if self.connections is not None:
+            self.connections.clear()
+
+    def _observe_rentals(self, desired: DesiredState):
+        errors: dict[str, str] = {}
+        try:
+            self.providers.sync(desired)
+        except Exception as e:  # noqa: BLE001 - an adapter that cannot be made: its runs wait
+            for name in desired.providers:
+                errors[name] = str(e)
+            return {}, errors
+        rentals, found = self.providers.observe(self.cfg.repo_namespace, self.cfg.parallel_machines)
+        errors.update(found)
+        for name, why in desired.invalid_providers.items():
+            errors.setdefault(name, f"its spec is invalid: {why}")
+        return rentals, errors
+
+    def _spend(self, previous: dict, now: float) -> dict[str, float]:
+        """What each provider's rentals cost the runs so far: loaded statuses, and the settled
+        runs' costs remembered when they settled."""
+        spend: dict[str, float] = {}
+        for name, st in previous.items():
+            if st.cost and st.cost.get("provider"):
+                spend[st.cost["provider"]] = spend.get(st.cost["provider"], 0.0) + statuses.cost_so_far(st, now)
+        for name, s in self.settled.items():
+            if name not in previous and s.provider:
+                spend[s.provider] = spend.get(s.provider, 0.0) + s.cost
+        return spend
+
+    def _settle(self, desired: DesiredState, world: ObservedWorld, plan: Plan, skipped: set[str],
+                phases: dict[str, str], status_dir: Path, on_rentals: dict | None = None,
+                costs: dict | None = None) -> None:
+        """Remember which runs are finished and untouched, and let go of their parsed status.
+
+        A run settles when this pass planned nothing for it, its phase is final and nothing of it is
+        alive or uncollected on any machine: the next pass would plan nothing again and leave its status as it
+        is now on disk. Whatever could change that changes one of the recorded keys: a new spec
+        digest (or the spec's removal or invalidity), a rewritten status file, or an instance
+        showing up on a machine.
+        """
+        settled = {n: self.settled[n] for n in skipped}
+        for c in plan.changes:
+            if (c.action != Action.NONE or c.phase not in statuses.TERMINAL or c.name in desired.invalid
+                    or any(r.alive or not r.collected for r in world.instances(c.name))
+                    or c.name in (on_rentals or {})):
+                continue
+            key = statuses.file_key(status_dir / f"{c.name}.yaml")
+            if key is not None:
+                provider, cost = (costs or {}).get(c.name, (None, 0.0))
+                settled[c.name] = Settled(_digest(desired, c.name), key, c.phase, provider, cost)
+                self.status_cache.forget(c.name)
+        self.settled = settled
+        counts: Counter[str] = Counter(s.phase for s in settled.values())
+        counts.update(phase for n, phase in phases.items() if n not in settled)
+        self.phase_counts = counts
+
+
+@dataclass(frozen=True)
+class Settled:
+    digest: str | None  # the run's spec digest when it settled (None: no spec any more)
+    key: tuple[int, int, int]  # its status file's inode, size and mtime
+    phase: str
+    provider: str | None = None  # where its rentals were, for the provider's budget
+    cost: float = 0.0  # what they cost (its status's cost.so_far)
+
+
+def _transition_since_head(repo, path: str, old_text: str | None,
+                           new: statuses.RunStatus | None = None) -> str | None:
+    """The transition line of a status file from its version at HEAD to the file now, for files
+    whose change this pass did not describe: written by an earlier pass and not committed then
+    (--no-commit, or a crash before the commit), or rewritten now without a transition of its own
+    (progress). ``old_text``: the file at HEAD; ``new``: the status this pass wrote, when it
+    wrote one (not read again)."""
+    new = new or statuses.load_one(Path(repo.working_tree_dir) / "status", Path(path).stem)
+    if new is None:
+        return f"{Path(path).stem}: status file removed"
+    old = statuses.head_key(old_text)
+    if old == (new.phase, new.generation, new.attempt):
+        return None
+    ident = new.handle.identity if new.handle and new.handle.identity else ""
+    reason = new.history[-1].reason if new.history else new.message
+    return f"{new.name}: {old[0] if old else '-'} → {new.phase} [{ident}] {reason}"[:300]
+
+
+def _digest(desired: DesiredState, name: str) -> str | None:
+    entry = desired.runs.get(name)
+    return entry.digest if entry is not None else None
+
+
+__all__ = ["Reconciler", "PassResult", "Settled"]

@@ -1,0 +1,388 @@
+"""Git as the only durable state: commit status files, and nothing else, after a pass.
+
+Commits are made through a temporary index (read HEAD's tree, add the status paths, write a tree,
+commit it, move the branch with a compare-and-swap), so whatever the user has staged or left
+modified elsewhere in the checkout is never swept into a reconciler commit. The commit includes
+every status file that differs from HEAD, not only those written by this pass: a pass killed after
+writing and before committing loses nothing. Its message is made from what it holds, so a file
+written by an earlier pass (run with --no-commit, or killed before committing) still gets its
+transition line, and the counts in a message always match the commit's content.
+
+Git's output is read NUL-separated (``-z``), so a path is never quoted or escaped, and git runs
+with ``LC_ALL=C`` wherever its messages are matched.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import git
+
+from reconciler.core import procenv
+from reconciler.core.errors import TemporaryError
+
+STATUS_DIR = "status"
+
+
+@dataclass
+class Author:
+    name: str
+    email: str
+
+
+def open_repo(path: Path) -> git.Repo | None:
+    try:
+        return git.Repo(path, search_parent_directories=False)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        return None
+
+
+def head(repo: git.Repo | None) -> str | None:
+    if repo is None:
+        return None
+    try:
+        # Read from the refs themselves: repo.head.commit would start GitPython's cat-file
+        # process, which inherits this process's whole environment.
+        return git.SymbolicReference.dereference_recursive(repo, "HEAD")
+    except ValueError:  # no commits yet
+        return None
+
+
+def dirty_status_paths(repo: git.Repo) -> list[str]:
+    """status/*.yaml paths that differ from HEAD (modified, new or deleted)."""
+    p = run_git(Path(repo.working_tree_dir), "status", "--porcelain", "-z", "--untracked-files=all",
+                "--no-renames", "--", STATUS_DIR)
+    paths = []
+    for entry in p.stdout.split("\0"):
+        path = entry[3:]
+        # One level only: status/<name>.yaml. Anything else under status/ is not the reconciler's.
+        if path.startswith(STATUS_DIR + "/") and path.endswith(".yaml") and "/" not in path[len(STATUS_DIR) + 1:]:
+            paths.append(path)
+    return sorted(set(paths))
+
+
+def dirty_ledger_paths(repo: git.Repo) -> list[str]:
+    """The ledger's files (status/README.md, status/<run>.svg) that differ from HEAD."""
+    p = run_git(Path(repo.working_tree_dir), "status", "--porcelain", "-z", "--untracked-files=all",
+                "--no-renames", "--", f"{STATUS_DIR}/README.md", f"{STATUS_DIR}/*.svg")
+    paths = {e[3:] for e in p.stdout.split("\0") if e[3:]}
+    return sorted(x for x in paths if "/" not in x[len(STATUS_DIR) + 1:])
+
+
+@dataclass
+class StatusCommit:
+    sha: str
+    paths: list[str]  # the status files it holds
+
+
+def commit_status(repo: git.Repo, message: str | Callable[[list[str]], str], author: Author) -> StatusCommit | None:
+    """Commit the status files that differ from HEAD; return the new commit, or None if nothing.
+    ``message`` may be a function of the committed paths, so the message describes the commit."""
+    paths = dirty_status_paths(repo)
+    ledger = dirty_ledger_paths(repo)
+    if not paths and not ledger:
+        return None
+    if callable(message):
+        message = message(paths) if paths else "status: ledger"
+    parent = head(repo)
+    fd, index_path = tempfile.mkstemp(prefix="reconciler-index-", dir=repo.git_dir)
+    os.close(fd)
+    os.unlink(index_path)
+    env = {
+        "GIT_INDEX_FILE": index_path, "LC_ALL": "C",
+        "GIT_AUTHOR_NAME": author.name, "GIT_AUTHOR_EMAIL": author.email,
+        "GIT_COMMITTER_NAME": author.name, "GIT_COMMITTER_EMAIL": author.email,
+    }
+    root = Path(repo.working_tree_dir)
+    # Through run_git, not GitPython's commands: those hand git this process's whole environment.
+    try:
+        if parent:
+            run_git(root, "read-tree", parent, extra_env=env)
+        _stage(repo, [*paths, *ledger], env)
+        tree = run_git(root, "write-tree", extra_env=env).stdout.strip()
+        if parent and tree == run_git(root, "rev-parse", f"{parent}^{{tree}}").stdout.strip():
+            return None
+        args = [tree, "-m", message] + (["-p", parent] if parent else [])
+        new = run_git(root, "commit-tree", *args, extra_env=env).stdout.strip()
+        ref = repo.head.ref.path if not repo.head.is_detached else "HEAD"
+        moved = run_git(root, "update-ref", ref, new, parent or "0" * 40, check=False)
+        if moved.returncode != 0:
+            raise TemporaryError("the branch moved while committing status; will retry: "
+                                 f"{moved.stderr.strip()}")
+    finally:
+        try:
+            os.unlink(index_path)
+        except OSError:
+            pass
+    # The real index now lags HEAD for these paths; align just them, leaving the user's staging alone.
+    _index_to(repo, new, [*paths, *ledger])
+    return StatusCommit(new, paths)
+
+
+def _stage(repo: git.Repo, paths: list[str], env: dict[str, str]) -> None:
+    """Put the files at ``paths`` (status/ files: plain, not executable) into the index that
+    ``env`` names, or take out the ones that are gone. Their blobs are written by one ``git
+    fast-import`` as a single pack: ``update-index --add`` would hash them and write one loose
+    object file each (two seconds for the 10,000 files of a first pass here)."""
+    root = Path(repo.working_tree_dir)
+    present, stream = [], bytearray()
+    for path in paths:
+        try:
+            data = (root / path).read_bytes()
+        except FileNotFoundError:
+            continue
+        present.append(path)
+        stream += b"blob\nmark :%d\ndata %d\n" % (len(present), len(data)) + data + b"\n"
+    shas: dict[str, str] = {}
+    if present:
+        fd, marks = tempfile.mkstemp(prefix="reconciler-marks-", dir=repo.git_dir)
+        os.close(fd)
+        try:
+            p = subprocess.run(["git", "-C", str(root), "fast-import", "--quiet", f"--export-marks={marks}"],
+                               input=bytes(stream) + b"done\n", capture_output=True, timeout=300, env=git_env())
+            if p.returncode != 0:
+                raise GitError(f"git fast-import failed: {p.stderr.decode('utf-8', 'replace').strip()[:500]}")
+            for line in Path(marks).read_text().splitlines():
+                mark, _, sha = line.partition(" ")
+                shas[present[int(mark[1:]) - 1]] = sha
+        finally:
+            os.unlink(marks)
+    _index_info(root, [(f"100644 {shas[path]}" if path in shas else None, path) for path in paths], env)
+
+
+def _index_to(repo: git.Repo, commit: str, paths: list[str]) -> None:
+    """Set the real index's entries for ``paths`` (all directly under status/) to ``commit``'s, as
+    ``git reset -q COMMIT -- PATHS`` does. That matches every pathspec against every entry (about
+    a second for 10,000 paths); one listing of status/ fed to update-index is linear."""
+    root = Path(repo.working_tree_dir)
+    listing = run_git(root, "ls-tree", "-z", "--full-tree", commit, "--", STATUS_DIR + "/").stdout
+    entries = {}
+    for item in listing.split("\0"):
+        meta, _, path = item.partition("\t")
+        if path:
+            entries[path] = meta
+    # "<mode> <type> <sha>" from ls-tree; a path missing from it was deleted by the commit
+    _index_info(root, [(" ".join(entries[p].split(" ")[::2]) if p in entries else None, p) for p in paths], {})
+
+
+def _index_info(root: Path, entries: list[tuple[str | None, str]], env: dict[str, str]) -> None:
+    """``git update-index --index-info``: each path set to "<mode> <sha>", or out of the index (None)."""
+    lines = "".join(f"{meta}\t{path}\0" if meta else f"0 {'0' * 40}\t{path}\0" for meta, path in entries)
+    p = subprocess.run(["git", "-C", str(root), "update-index", "-z", "--index-info"], input=lines,
+                       capture_output=True, text=True, timeout=120, env={**git_env(), **env})
+    if p.returncode != 0:
+        raise GitError(f"git update-index failed: {p.stderr.strip()[:500]}")
+
+
+def transitions_message(lines: list[str], files: int | None = None) -> str:
+    """``lines``: one per run whose phase, generation or attempt moved; ``files``: how many status
+    files the commit holds (at least as many: progress and conditions change without a transition)."""
+    files = len(lines) if files is None else files
+    if lines:
+        head_line = f"status: {len(lines)} transition(s)" + (f" in {files} file(s)" if files != len(lines) else "")
+    else:
+        head_line = f"status: {files} file(s) updated"
+    body = "\n".join(f"- {line}" for line in lines[:200])
+    if len(lines) > 200:
+        body += f"\n- ... and {len(lines) - 200} more"
+    return head_line + ("\n\n" + body if body else "") + "\n"
+
+
+def last_commits(path: Path, files: list[str]) -> dict[str, str]:
+    """The last commit that changed each of ``files`` (paths relative to the repository), found in
+    one walk of the history that stops as soon as every file is found. Files never committed are
+    left out."""
+    want = set(files)
+    if not want:
+        return {}
+    tops = sorted({f.split("/", 1)[0] for f in want})
+    found: dict[str, str] = {}
+    proc = subprocess.Popen(["git", "-C", str(path), "-c", "core.quotePath=false", "log", "--format=%x01%H", "--name-only", "--no-renames",
+                             "--", *tops], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            stdin=subprocess.DEVNULL, env=git_env(), text=True)
+    try:
+        sha = ""
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            if line.startswith("\x01"):
+                sha = line[1:]
+            elif line in want and line not in found:
+                found[line] = sha
+                if len(found) == len(want):
+                    break
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    return found
+
+
+def head_blobs(repo: git.Repo, paths: list[str]) -> dict[str, str | None]:
+    """Files' texts at HEAD (None where HEAD has no such file, or no commit yet), read by one
+    ``git cat-file --batch`` for all of them: a pass may ask for thousands."""
+    if not paths:
+        return {}
+    if head(repo) is None:
+        return {p: None for p in paths}
+    query = "".join(f"HEAD:{p}\n" for p in paths).encode()
+    proc = subprocess.run(["git", "-C", str(repo.working_tree_dir), "cat-file", "--batch"], input=query,
+                          capture_output=True, env=git_env(), timeout=120)
+    if proc.returncode != 0:
+        raise GitError(f"git cat-file failed: {proc.stderr.decode(errors='replace').strip()[:500]}")
+    out, pos, found = proc.stdout, 0, {}
+    for p in paths:
+        eol = out.index(b"\n", pos)
+        header = out[pos:eol].split()
+        pos = eol + 1
+        found[p] = None  # "<name> missing", or not a blob
+        if len(header) == 3:  # "<sha> <type> <size>", then the bytes and a newline
+            size = int(header[2])
+            if header[1] == b"blob":
+                found[p] = out[pos:pos + size].decode("utf-8", "replace")
+            pos += size + 1
+    return found
+
+
+# ---------------------------------------------------------------- the daemon's remote: fetch, rebase, push
+#
+# The daemon tracks one branch of one remote. Its own commits touch status/ only and users never
+# edit status/, so replaying them onto the remote's newer commits (a rebase, never a merge
+# commit) cannot conflict in normal operation. If it does anyway (someone edited status/ by hand,
+# or another writer raced), the rebase is aborted and the checkout is reset to the remote: the
+# unpushed status is dropped and the next pass derives it again from what it observes.
+
+
+class GitError(TemporaryError):
+    """A git command failed (network, refused push, conflict): the daemon retries later."""
+
+
+def git_env(author: Author | None = None) -> dict[str, str]:
+    """Git's environment: procenv's allowlist (git's own settings, never the secrets this process
+    holds for runs and providers: a hook or a credential helper would see them), non-interactive."""
+    env = procenv.for_git()
+    env["GIT_TERMINAL_PROMPT"] = "0"
+    env["LC_ALL"] = "C"  # its messages are matched below (_rejected, fetch): English, whatever the host's locale
+    env.setdefault("GIT_SSH_COMMAND", "ssh -o BatchMode=yes")
+    if author is not None:
+        env.update(GIT_AUTHOR_NAME=author.name, GIT_AUTHOR_EMAIL=author.email,
+                   GIT_COMMITTER_NAME=author.name, GIT_COMMITTER_EMAIL=author.email)
+    return env
+
+
+def run_git(path: Path, *args: str, author: Author | None = None, timeout: float = 120.0,
+            check: bool = True, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    try:
+        p = subprocess.run(["git", "-C", str(path), *args], capture_output=True, text=True, timeout=timeout,
+                           env={**git_env(author), **(extra_env or {})}, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise GitError(f"git {args[0]} timed out after {timeout:.0f}s") from None
+    if check and p.returncode != 0:
+        raise GitError(f"git {' '.join(args[:2])} failed: {(p.stderr or p.stdout).strip()[:500]}")
+    return p
+
+
+def _rev(path: Path, ref: str) -> str | None:
+    p = run_git(path, "rev-parse", "-q", "--verify", ref + "^{commit}", check=False)
+    return p.stdout.strip() if p.returncode == 0 else None
+
+
+def current_branch(path: Path) -> str | None:
+    p = run_git(path, "symbolic-ref", "-q", "--short", "HEAD", check=False)
+    return p.stdout.strip() if p.returncode == 0 and p.stdout.strip() else None
+
+
+@dataclass
+class SyncResult:
+    head_before: str | None
+    head_after: str | None
+    upstream: str | None
+    action: str  # "none", "fast-forward", "rebase", "reset" (a failed rebase), "ahead", "no-upstream"
+    ahead: int = 0  # commits of ours not on the remote after syncing
+    error: str = ""  # why a rebase failed (action "reset")
+
+    @property
+    def moved(self) -> bool:
+        return self.head_before != self.head_after
+
+
+class Remote:
+    """One checkout tracking ``remote``/``branch``."""
+
+    def __init__(self, path: Path, remote: str, branch: str, author: Author, timeout: float = 120.0):
+        self.path, self.remote, self.branch, self.author, self.timeout = path, remote, branch, author, timeout
+        self.tracking = f"refs/remotes/{remote}/{branch}"
+
+    def fetch(self) -> str | None:
+        """Fetch the branch; return the remote's commit, or None when the remote has no such branch yet."""
+        p = run_git(self.path, "fetch", "--quiet", "--no-tags", self.remote,
+                    f"+refs/heads/{self.branch}:{self.tracking}", timeout=self.timeout, check=False)
+        if p.returncode != 0:
+            err = (p.stderr or p.stdout).strip()
+            if "couldn't find remote ref" in err.lower():
+                return None
+            raise GitError(f"git fetch {self.remote} {self.branch} failed: {err[:500]}")
+        return _rev(self.path, self.tracking)
+
+    def ahead(self) -> int:
+        if _rev(self.path, self.tracking) is None:
+            return 1 if _rev(self.path, "HEAD") else 0
+        p = run_git(self.path, "rev-list", "--count", f"{self.tracking}..HEAD", check=False)
+        return int(p.stdout.strip() or 0) if p.returncode == 0 else 0
+
+    def integrate(self) -> SyncResult:
+        """Bring HEAD up to the fetched remote branch: fast-forward, or rebase our status commits onto it."""
+        before = _rev(self.path, "HEAD")
+        upstream = _rev(self.path, self.tracking)
+        if upstream is None:
+            return SyncResult(before, before, None, "no-upstream", 1 if before else 0)
+        if before == upstream:
+            return SyncResult(before, before, upstream, "none", 0)
+        if before is None or self._is_ancestor(before, upstream):
+            args = ["merge", "--ff-only", "--quiet", upstream] if before else ["reset", "--keep", upstream]
+            run_git(self.path, *args, author=self.author)
+            return SyncResult(before, _rev(self.path, "HEAD"), upstream, "fast-forward", 0)
+        if self._is_ancestor(upstream, before):
+            return SyncResult(before, before, upstream, "ahead", self.ahead())
+        p = run_git(self.path, "-c", "rebase.autoStash=true", "rebase", "--quiet", upstream, author=self.author,
+                    check=False)
+        if p.returncode == 0:
+            return SyncResult(before, _rev(self.path, "HEAD"), upstream, "rebase", self.ahead())
+        self.recover(upstream)
+        res = SyncResult(before, _rev(self.path, "HEAD"), upstream, "reset", 0)
+        res.error = (p.stderr or p.stdout).strip()[:500]
+        return res
+
+    def recover(self, upstream: str) -> None:
+        """A rebase failed: abort it, take the remote's commits and its status/, drop ours."""
+        run_git(self.path, "rebase", "--abort", check=False)
+        if run_git(self.path, "reset", "--keep", upstream, check=False).returncode != 0:
+            # Local edits in the way of the remote's: the daemon's checkout mirrors the remote.
+            run_git(self.path, "reset", "--hard", "--quiet", upstream)
+        run_git(self.path, "clean", "-fdq", "--", STATUS_DIR, check=False)
+
+    def push(self) -> None:
+        p = run_git(self.path, "push", "--porcelain", self.remote, f"HEAD:refs/heads/{self.branch}",
+                    timeout=self.timeout, check=False)
+        if p.returncode != 0:
+            err = (p.stdout + "\n" + p.stderr).strip()
+            raise PushRejected(err[:500]) if _rejected(err) else GitError(f"git push failed: {err[:500]}")
+        # Record what the remote now has, so ahead() is right without another fetch.
+        run_git(self.path, "update-ref", self.tracking, "HEAD", check=False)
+
+    def _is_ancestor(self, a: str, b: str) -> bool:
+        return run_git(self.path, "merge-base", "--is-ancestor", a, b, check=False).returncode == 0
+
+
+class PushRejected(GitError):
+    """The remote moved (non-fast-forward): fetch, rebase, push again."""
+
+
+def _rejected(err: str) -> bool:
+    low = err.lower()
+    return any(s in low for s in ("[rejected]", "updates were rejected", "non-fast-forward", "fetch first", "stale info",
+                                  "failed to update ref", "cannot lock ref", "! [remote rejected]"))

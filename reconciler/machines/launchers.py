@@ -1,0 +1,178 @@
+"""Launch modes: what gets started in a workspace, the same way on every transport.
+
+``host_process`` starts the launch wrapper in its own session (``setsid``) from a shell that exits
+at once, so the job is nobody's child and no zombie is left behind. ``docker`` runs the same
+wrapper in a container named and labelled by the identity, with the workspace mounted at /bundle.
+Both first look for the identity and adopt it if it is already there.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+
+from reconciler.core.boundary import parse_stop
+from reconciler.core.errors import PermanentError, TemporaryError
+from reconciler.tasks import env_lines
+from .base import WRONG_SPEC, LaunchResult, LaunchSpec, Transport, built_for_check, docker_prefix, launch_env_lines, secrets_file
+
+# How long a launch waits, on the machine, for the wrapper to write its pid.
+PID_WAIT = "i=0; while [ ! -s runtime/pid ] && [ $i -lt 100 ]; do sleep 0.02; i=$((i+1)); done"
+
+
+def _in_workspace(spec: LaunchSpec) -> str:
+    """Every launch script's start: into the workspace (exit 97 when it is gone), refuse one built
+    for another spec (exit 96), and the folders the wrapper writes."""
+    return (f"cd {shlex.quote(spec.workspace)} || exit 97\n" + built_for_check(spec.spec_digest)
+            + "mkdir -p runtime artifacts\n")
+
+
+def launch(t: Transport, spec: LaunchSpec) -> LaunchResult:
+    if spec.secrets:
+        t.put_secret_file(spec.workspace, secrets_file(spec.secrets))
+    if spec.slurm is not None:
+        return _launch_slurm(t, spec)
+    if spec.launch_mode == "docker":
+        return _launch_docker(t, spec)
+    return _launch_host(t, spec)
+
+
+def _launch_slurm(t: Transport, spec: LaunchSpec) -> LaunchResult:
+    """Submit the wrapper to Slurm as a batch job named by the identity, from the login host.
+
+    Never twice: a job recorded in the workspace is adopted; so is one that squeue lists under the
+    identity's name (a pass that died between sbatch and recording it), and a workspace whose
+    wrapper has already started is not submitted again whatever squeue says. runtime/slurm.json
+    (the commands' environment) is written first: the probe and terminate read it to reach the
+    cluster."""
+    job = spec.slurm
+    ident = shlex.quote(spec.identity)
+    env = env_lines(job.env)
+    doc = shlex.quote(json.dumps({"env": job.env}, sort_keys=True))
+    submit = " ".join(shlex.quote(a) for a in job.sbatch_argv(spec.identity, spec.workspace))
+    script = (
+        _in_workspace(spec) +
+        "if [ -s runtime/slurm_job ]; then echo adopted; cat runtime/slurm_job; exit 0; fi\n"
+        f"printf '%s\\n' {doc} > runtime/slurm.json\n"
+        + env +
+        f"id=$(squeue -h -t all -n {ident} -o %i 2>/dev/null | sort -n | tail -n 1)\n"
+        "how=adopted\n"
+        "if [ -z \"$id\" ] && [ ! -e runtime/started_at ]; then\n"
+        f"  out=$({submit} 2>&1) || {{ echo \"$out\" >&2; exit 3; }}\n"
+        "  id=${out%%;*}; how=launched\n"
+        "fi\n"
+        "date +%s > runtime/launched_at\n"
+        "[ -n \"$id\" ] && echo \"$id\" > runtime/slurm_job.tmp && mv runtime/slurm_job.tmp runtime/slurm_job\n"
+        "echo \"$how\"; echo \"$id\"\n"
+    )
+    r = t.sh(script, timeout=60)
+    _refuse_wrong_spec(t, spec, r.rc)
+    if r.rc == 3:
+        err = r.err.strip()
+        low = err.lower()
+        # sbatch refuses what the cluster can never run (more GPUs than any node has, an unknown
+        # partition or account); anything else (slurmctld down) may pass.
+        if any(w in low for w in ("not available", "invalid partition", "invalid account", "invalid qos",
+                                  "invalid generic resource", "invalid gres", "unrecognized option",
+                                  "invalid option", "node count specification invalid")):
+            _permanent(t, spec, f"Slurm refused {spec.identity}: {err[:300]}")
+        raise TemporaryError(f"sbatch on {t.machine.name} failed: {err[:300]}")
+    if r.rc != 0:
+        raise TemporaryError(f"submitting to Slurm from {t.machine.name} failed (exit {r.rc}): {r.err.strip()[:300]}")
+    lines = r.out.split()
+    return LaunchResult(spec.identity, spec.workspace, adopted=lines[:1] == ["adopted"],
+                        container=None, job=lines[1] if len(lines) > 1 else None)
+
+
+def _launch_host(t: Transport, spec: LaunchSpec) -> LaunchResult:
+    ident = shlex.quote(spec.identity)
+    script = (
+        _in_workspace(spec) +
+        "if [ -e runtime/launched_at ]; then echo adopted; cat runtime/pid 2>/dev/null; exit 0; fi\n"
+        + launch_env_lines(spec.env) +
+        "date +%s > runtime/launched_at\n"
+        f"setsid sh scripts/launch.sh {ident} </dev/null >/dev/null 2>&1 &\n"
+        f"{PID_WAIT}\n"
+        "echo launched; cat runtime/pid 2>/dev/null\n"
+    )
+    r = t.sh(script, timeout=30)
+    _refuse_wrong_spec(t, spec, r.rc)
+    if r.rc != 0:
+        raise TemporaryError(f"launch on {t.machine.name} failed (exit {r.rc}): {r.err.strip()[:300]}")
+    lines = r.out.split()
+    pid = int(lines[1]) if len(lines) > 1 and lines[1].isdigit() else None
+    return LaunchResult(spec.identity, spec.workspace, adopted=lines[:1] == ["adopted"], pid=pid)
+
+
+def _launch_docker(t: Transport, spec: LaunchSpec) -> LaunchResult:
+    ident = shlex.quote(spec.identity)
+    args = [
+        "docker", "run", "-d", "--name", spec.identity,
+        "--label", f"reconciler.core.identity={spec.identity}", "--label", f"reconciler.run={spec.run_name}",
+        "--network", spec.network, "-w", "/bundle",
+    ]
+    if not spec.pull:
+        args.append("--pull=never")
+    if spec.gpus:
+        args += ["--gpus", f"device={','.join(str(g) for g in spec.gpus)}"]
+    cmd = " ".join(shlex.quote(a) for a in args)
+    cmd += ' --user "$(id -u):$(id -g)" -v "$PWD:/bundle"'
+    cmd += f" {shlex.quote(spec.image or '')} sh /bundle/scripts/launch.sh {ident}"
+    dp = docker_prefix(t.machine)
+    script = (
+        _in_workspace(spec) +
+        "if [ -e runtime/container ]; then echo adopted; exit 0; fi\n"
+        + launch_env_lines(spec.env) +
+        f"echo {ident} > runtime/container\n"
+        "date +%s > runtime/launched_at\n"
+        f"out=$({dp}{cmd} 2>&1); rc=$?\n"
+        "if [ $rc -eq 0 ]; then echo launched; exit 0; fi\n"
+        'case "$out" in *"already in use"*) echo adopted; exit 0;; esac\n'
+        # Record the failure where observers look, so the instance reads as failed, not lost.
+        'printf \'{"state": "failed", "exit_code": %d, "finished_ts": %s}\\n\' "$rc" "$(date +%s)" > runtime/result.json\n'
+        'echo "$out" > runtime/launch.err; echo "$out" >&2; exit 3\n'
+    )
+    r = t.sh(script, timeout=120)
+    _refuse_wrong_spec(t, spec, r.rc)
+    if r.rc == 0:
+        return LaunchResult(spec.identity, spec.workspace, adopted=r.out.strip() == "adopted", container=spec.identity)
+    err = r.err.strip()
+    low = err.lower()
+    if "no such image" in low or "unable to find image" in low or "pull access denied" in low:
+        how = "pulling is disabled by the template (launch_mode.pull: false)" if not spec.pull else "pull failed"
+        _permanent(t, spec, f"image {spec.image!r} not found on {t.machine.name}; {how}")
+    if "conflict" in low and "already in use" in low:
+        return LaunchResult(spec.identity, spec.workspace, adopted=True, container=spec.identity)
+    if "could not select device driver" in low or "nvidia" in low and "gpu" in low:
+        detail = next((line for line in err.splitlines() if "error" in line.lower()), err)[:200]
+        _permanent(t, spec, f"docker on {t.machine.name} cannot give GPUs to containers: {detail}")
+    if r.rc == 97:
+        raise TemporaryError(f"workspace {spec.workspace} missing on {t.machine.name}")
+    raise TemporaryError(f"docker run on {t.machine.name} failed: {err[:300]}")
+
+
+def _refuse_wrong_spec(t: Transport, spec: LaunchSpec, rc: int) -> None:
+    if rc == WRONG_SPEC:
+        # Never start or adopt an instance under a spec it was not built from. The next pass sees
+        # the workspace's own digest and gives the desired spec a generation of its own.
+        raise TemporaryError(f"{spec.identity} on {t.machine.name} was built for another spec; not starting "
+                             "or adopting it")
+
+
+def _permanent(t: Transport, spec: LaunchSpec, message: str) -> None:
+    """Record why the instance can never start in its result (later passes read the same reason and
+    do not retry it), then raise."""
+    doc = json.dumps({"state": "failed", "exit_code": 125, "finished_ts": int(time.time()), "message": message,
+                      "permanent": True})
+    t.sh(f"cd {shlex.quote(spec.workspace)} && printf '%s\\n' {shlex.quote(doc)} > runtime/result.json", timeout=30)
+    raise PermanentError(message)
+
+
+def terminate(t: Transport, identity: str, workspace: str, grace: float) -> dict:
+    """Stop the instance; the machine's answer passes the trust boundary (its error bounded text)."""
+    return parse_stop(t.agent({"op": "terminate", "workspace": workspace, "identity": identity, "grace": grace}))
+
+
+def finish(t: Transport, workspace: str, remove: bool) -> dict:
+    return parse_stop(t.agent({"op": "finish", "workspace": workspace, "remove": remove}))

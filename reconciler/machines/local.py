@@ -1,0 +1,110 @@
+"""Placement ``local``: this machine is the execution plane (the embedded default).
+
+Workspaces live under a root on this machine (``~/.reconciler/workspaces`` unless configured),
+outside any checkout, so a reconciler started from a fresh clone in another folder still finds the
+runs an earlier one launched. The bundle is built straight into the workspace: staging and
+fetching are no-ops. The agent runs in-process, so observing costs no subprocess at all.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from reconciler.core import procenv
+from reconciler.artifacts import safetar
+from reconciler.artifacts.bundle import built_digest
+from reconciler.core.errors import TemporaryError
+from reconciler.runtime import probe as agent_module
+from .base import Completed, MachineInfo, only_runtime_and_artifacts
+
+class LocalTransport:
+    def __init__(self, machine: MachineInfo):
+        self.machine = machine
+        self.root = os.path.abspath(os.path.expanduser(machine.workspace_root))
+        self.round_trips = 0
+
+    def workspace(self, identity: str) -> str:
+        return os.path.join(self.root, identity)
+
+    def sh(self, script: str, timeout: float = 60.0) -> Completed:
+        self.round_trips += 1
+        # Everything a local run or docker command inherits starts here: procenv's allowlist, never
+        # this process's environment (which holds every secret of the control plane). A run gets
+        # its own declared variables and granted secrets from its bundle (scripts/launch.sh).
+        env = procenv.base({"DOCKER_HOST": self.machine.docker_host} if self.machine.docker_host else None)
+        try:
+            p = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=timeout, env=env,
+                               stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return Completed(124, "", f"timed out after {timeout}s")
+        return Completed(p.returncode, p.stdout, p.stderr)
+
+    def agent(self, args: dict) -> dict:
+        self.round_trips += 1
+        if self.machine.docker_host:
+            os.environ.setdefault("DOCKER_HOST", self.machine.docker_host)
+        if args.get("op") == "probe":
+            args = dict(args, root=self.root)
+        return agent_module.dispatch(args)
+
+    def stage(self, bundle: Path, identity: str, spec_digest: str = "") -> str:
+        ws = self.workspace(identity)
+        if os.path.abspath(bundle) != ws:
+            raise ValueError(f"local bundles are built in their workspace ({ws}), not {bundle}")
+        return ws
+
+    def put_secret_file(self, workspace: str, content: bytes) -> None:
+        rt = Path(workspace) / "runtime"
+        rt.mkdir(parents=True, exist_ok=True)
+        path = rt / "secrets.env"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(content)
+
+    def fetch(self, identity: str, dest: Path, limits: safetar.Limits = safetar.Limits()) -> safetar.Result:
+        return safetar.Result(complete=True)  # the workspace is the local bundle: nothing is copied
+
+    def close(self) -> None:
+        return None
+
+
+class StagingLocalTransport(LocalTransport):
+    """This machine as another machine would be used: bundles are copied into the workspace root
+    (staged) and runtime/ and artifacts/ copied back (fetched). For a root that is not this
+    reconciler's own, such as a Slurm cluster's shared file system when this machine is the
+    cluster's login host: the run's record must outlive the shared workspace."""
+
+    def stage(self, bundle: Path, identity: str, spec_digest: str = "") -> str:
+        """Copy the bundle in as the identity's workspace, atomically; one already there is kept
+        only if it was built for the same spec (as SshTransport.stage)."""
+        ws = Path(self.workspace(identity))
+        if (ws / "job.json").is_file():
+            if spec_digest and built_digest(ws) != spec_digest:
+                raise TemporaryError(f"{identity} on {self.machine.name} was built for another spec; not reusing it")
+            return str(ws)
+        tmp = ws.with_name(f".{identity}.staging")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(ws, ignore_errors=True)
+        shutil.copytree(bundle, tmp, symlinks=True, ignore=shutil.ignore_patterns("runtime", "artifacts"))
+        (tmp / "runtime").mkdir()
+        (tmp / "artifacts").mkdir()
+        os.replace(tmp, ws)
+        return str(ws)
+
+    def fetch(self, identity: str, dest: Path, limits: safetar.Limits = safetar.Limits()) -> safetar.Result:
+        """runtime/ and artifacts/ of the workspace into ``dest``, never the secrets file. The
+        workspace was written by the job: plain files and folders only, no link followed or
+        copied (safetar.copy_tree), as for a workspace on another machine."""
+        ws = Path(self.workspace(identity))
+        if not ws.is_dir():
+            raise TemporaryError(f"workspace of {identity} is gone from {self.machine.name}")
+        res = safetar.Result(complete=True)
+        Path(dest).mkdir(parents=True, exist_ok=True)
+        for part in ("runtime", "artifacts"):
+            if (ws / part).is_dir():
+                safetar.copy_tree(ws / part, Path(dest), prefix=(part,), keep=only_runtime_and_artifacts,
+                                  limits=limits, result=res)
+        return res

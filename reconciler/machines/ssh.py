@@ -1,0 +1,622 @@
+"""Placement ``ssh``: a Fleet machine reached over one SSH connection per pass (paramiko).
+
+One connection per machine per pass, opened on first use and reused by every command of the pass
+(observe, stage, launch, collect). Each operation is one command on one channel of that
+connection, so its cost is one round trip:
+
+- ``agent(args)``: the stdlib agent's source (``runtime/probe.py``) goes to ``python3 -`` on stdin,
+  its arguments as one JSON argv word (embedded into the program when they are too large for argv);
+  one call reports every workspace of the machine.
+- ``stage()``: the bundle's deterministic archive goes to ``tar`` on stdin and is unpacked into a
+  fresh temporary folder that is renamed into ``<workspace_root>/<identity>``; a workspace that
+  already has ``job.json`` is kept as is (idempotent).
+- ``put_secret_file()``: the content goes on stdin to a ``umask 077`` shell that writes it 0600 and
+  renames it into place; the value is never part of a command line or a log.
+- ``fetch()``: one ``tar`` of ``runtime/`` and ``artifacts/`` on stdout, unpacked into the local bundle
+  by ``safetar`` (the machine's tar may be anything: plain files and folders only, never through a link).
+
+Why paramiko directly and not fabric's ``Connection.run``: every command here needs binary stdin
+and stdout streamed on one channel with a deadline; fabric adds invoke's runner threads and
+stdin handling (``in_stream``) around the same paramiko channel and nothing this needs.
+
+Host keys are never accepted blindly: the machine's pinned ``ssh.host_key``, else the fleet's
+``known_hosts`` file; an unknown or different key is a ``PermanentError`` raised before any
+authentication. Unreachable machines (refused, timed out, DNS, authentication, a dropped
+session) raise ``TemporaryError``: the machine is Unknown, not dead.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import posixpath
+import select
+import shlex
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import paramiko
+
+from reconciler.artifacts import bundle as bundles
+from reconciler.artifacts import safetar
+from reconciler.core.boundary import MAX_REPLY_BYTES, REPLY_BUDGET, BadReply, absolute_path
+from reconciler.core.errors import PermanentError, TemporaryError
+from reconciler.runtime import probe as agent_module
+from .base import WRONG_SPEC, Completed, MachineInfo, built_for_check, docker_prefix, only_runtime_and_artifacts
+
+# argv words beyond this size are embedded into the agent program instead (MAX_ARG_STRLEN is 128 KiB).
+ARGV_LIMIT = 64 * 1024
+_AGENT_SOURCE: str | None = None
+
+
+def agent_source() -> str:
+    global _AGENT_SOURCE
+    if _AGENT_SOURCE is None:
+        _AGENT_SOURCE = Path(agent_module.__file__).read_text(encoding="utf-8")
+    return _AGENT_SOURCE
+
+
+_AGENT_HASH: str | None = None
+IDLE_WAKE = 1.0  # seconds between an idle connection's reader thread's checks
+RECONNECT_MAX = 30.0  # seconds, at most, between a kept connection's attempts to reconnect
+STAGED_MISSING = 121  # the staged probe's exit code when the file for this version is not there
+STDERR_KEEP = 64 * 1024  # bytes of a command's stderr kept (its end: where the error is)
+
+
+def agent_hash() -> str:
+    global _AGENT_HASH
+    if _AGENT_HASH is None:
+        import hashlib
+
+        _AGENT_HASH = hashlib.sha256(agent_source().encode()).hexdigest()[:16]
+    return _AGENT_HASH
+
+
+def agent_program(args: dict) -> tuple[str, list[str]]:
+    """The program for ``python3 -`` and its argv: arguments as argv, or embedded when large."""
+    text = json.dumps(args, separators=(",", ":"), sort_keys=True)
+    source = agent_source()
+    if len(text) <= ARGV_LIMIT:
+        return source, [text]
+    head, sep, _ = source.rpartition('if __name__ == "__main__":')
+    if not sep:
+        raise RuntimeError("runtime/probe.py lost its main guard")
+    return head + f"\nsys.exit(main(['-', {text!r}]))\n", []
+
+
+_PRIVATE_KEYS: dict[tuple[str, float, int], paramiko.PKey | None] = {}
+_PRIVATE_KEYS_LOCK = threading.Lock()
+
+
+def private_key(path: str) -> paramiko.PKey | None:
+    """The private key at ``path``, parsed once per file version (by mtime and size) and shared by
+    every connection that uses it. None when paramiko cannot read it without help (a passphrase):
+    the connection then names the file and paramiko reports what is wrong."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (path, st.st_mtime, st.st_size)
+    with _PRIVATE_KEYS_LOCK:
+        if key not in _PRIVATE_KEYS:
+            try:
+                _PRIVATE_KEYS[key] = paramiko.PKey.from_path(path)
+            except Exception:  # noqa: BLE001 - left to paramiko's own connect, which explains it
+                _PRIVATE_KEYS[key] = None
+        return _PRIVATE_KEYS[key]
+
+
+class UnknownHostKey(paramiko.SSHException):
+    pass
+
+
+class _RejectUnknown(paramiko.MissingHostKeyPolicy):
+    """paramiko's RejectPolicy with an exception of our own, so the message can be made clear."""
+
+    def missing_host_key(self, client, hostname, key):  # noqa: D401 - paramiko's signature
+        raise UnknownHostKey(f"{hostname} {key.get_name()} {key.get_base64()}")
+
+
+class SshTransport:
+    def __init__(self, machine: MachineInfo, connect_timeout: float = 5.0, command_timeout: float = 60.0,
+                 probe_timeout: float | None = None, max_reply_bytes: int = MAX_REPLY_BYTES):
+        if machine.fleet_machine is None:
+            raise PermanentError(f"machine {machine.name!r} has no ssh endpoint")
+        self.machine = machine
+        self.endpoint = machine.fleet_machine.ssh
+        # connect: tunnel — the machine dialled out to this host (``reconcile agent``) and its sshd is
+        # here, on loopback at the tunnel's port; login, keys and host key are the machine's own.
+        tunnel = getattr(machine.fleet_machine, "connect", "ssh") == "tunnel"
+        self.host = "127.0.0.1" if tunnel else self.endpoint.host
+        self.port = machine.fleet_machine.tunnel_port if tunnel else self.endpoint.port
+        self.tunnel = tunnel
+        self.connect_timeout = connect_timeout
+        self.command_timeout = command_timeout
+        # A probe is short and runs every pass: a machine that does not answer it in time is
+        # unreachable for the pass, instead of holding the pass for the long command timeout.
+        self.probe_timeout = probe_timeout if probe_timeout is not None else command_timeout
+        # What one command may print when it is read into memory (a probe's reply): a machine
+        # answering with more is cut off, and the call fails.
+        self.max_reply_bytes = max_reply_bytes
+        self.round_trips = 0
+        self._client: paramiko.SSHClient | None = None
+        self._lock = threading.Lock()
+        # The probe is staged once per machine and version (~/.cache/reconciler/agent-<hash>.py) and
+        # then invoked by path: no 16 KB of source per call. None: not known yet; False: the
+        # machine cannot keep it (the source is sent every time, as before).
+        self._staged: bool | None = None
+        # A long-lived reconciler's probes go to a resident helper on the machine (kept:
+        # set for kept connections only; a one-shot command would leave nothing to reuse).
+        self.kept = False
+        self._failures, self._retry_at, self._last_error = 0, 0.0, ""  # reconnection backoff (kept connections)
+        self._resident = None
+        self._resident_buf = bytearray()
+        self._resident_lock = threading.Lock()
+        root = machine.workspace_root
+        self._root: str | None = root if root.startswith("/") else None
+
+    # ------------------------------------------------------------------ naming
+
+    @property
+    def where(self) -> str:
+        if self.tunnel:
+            return f"{self.machine.name} (tunnel 127.0.0.1:{self.port})"
+        return f"{self.machine.name} ({self.host}:{self.port})"
+
+    def workspace(self, identity: str) -> str:
+        return posixpath.join(self.root(), identity)
+
+    def root(self) -> str:
+        """The absolute workspace root; a root relative to (or under ``~`` of) the login's home is
+        resolved on the machine, normally for free by the pass's probe."""
+        if self._root is None:
+            r = self._exec('printf %s "$HOME"', None, self.command_timeout)
+            home = r[1].decode().strip()
+            if r[0] != 0 or not home.startswith("/"):
+                raise TemporaryError(f"cannot find the login's home on {self.where}")
+            rel = self.machine.workspace_root
+            if rel == "~" or rel.startswith("~/"):
+                rel = rel[2:]
+            self._root = posixpath.normpath(posixpath.join(home, rel))
+        return self._root
+
+    # ------------------------------------------------------------------ connection
+
+    def _host_keys_note(self) -> str:
+        return self.machine.source or "its Fleet"
+
+    def _connect(self) -> paramiko.SSHClient:
+        with self._lock:
+            if self._client is not None:
+                tr = self._client.get_transport()
+                if tr is not None and tr.is_active():
+                    return self._client
+                self._client.close()
+                self._client = None
+            if self._retry_at and time.monotonic() < self._retry_at:
+                # Within the backoff: the last attempt's error, word for word (a status that
+                # quotes it must not change from pass to pass while nothing does).
+                raise TemporaryError(f"{self.where}: {self._last_error}")
+            try:
+                client = self._dial()
+            except TemporaryError as e:
+                if self.kept:  # a kept connection backs off: 1, 2, 4 ... 30 s between attempts
+                    self._failures += 1
+                    self._last_error = str(e).removeprefix(f"{self.where}: ")
+                    self._retry_at = time.monotonic() + min(RECONNECT_MAX, 2.0 ** (self._failures - 1))
+                raise
+            self._failures, self._retry_at = 0, 0.0
+            # paramiko's reader thread wakes every 0.1 s on an idle connection to check whether it
+            # should stop: ten wake-ups a second for each of a daemon's kept connections (about
+            # 180 µs of CPU a second each). Once a second does the same job (closing the socket
+            # still ends the thread at once).
+            sock = getattr(client.get_transport(), "sock", None)
+            if sock is not None and hasattr(sock, "settimeout"):
+                sock.settimeout(IDLE_WAKE)
+            self._client = client
+            return client
+
+    def _dial(self) -> paramiko.SSHClient:
+        """A new client, connected and authenticated under the machine's pinned host key; every
+        failure as a PermanentError (the spec is wrong) or a TemporaryError (try again later)."""
+        ep = self.endpoint
+        client = paramiko.SSHClient()
+        keys = client.get_host_keys()
+        hostname = self.host if self.port == 22 else f"[{self.host}]:{self.port}"
+        pinned = ep.host_key
+        if pinned:
+            parts = pinned.split()
+            try:
+                key = paramiko.PKey.from_type_string(parts[0], base64.b64decode(parts[1]))
+            except Exception as e:  # noqa: BLE001 - any malformed key is the spec's fault
+                raise PermanentError(f"ssh.host_key of {self.machine.name} in {self._host_keys_note()} "
+                                     f"is not a public key line ('ssh-ed25519 AAAA...'): {e}") from None
+            keys.add(hostname, parts[0], key)
+        elif self.machine.known_hosts:
+            path = os.path.expanduser(self.machine.known_hosts)
+            try:
+                client.load_host_keys(path)
+            except OSError as e:
+                raise PermanentError(f"known_hosts file {path} of {self._host_keys_note()} cannot be read "
+                                     f"({e.strerror}): refusing to connect to {self.where}") from None
+        client.set_missing_host_key_policy(_RejectUnknown())
+        ident = os.path.expanduser(ep.identity_file) if ep.identity_file else None
+        pkey = private_key(ident) if ident else None
+        try:
+            client.connect(
+                self.host, port=self.port, username=ep.user, pkey=pkey,
+                key_filename=ident if pkey is None else None,
+                look_for_keys=ident is None, allow_agent=ident is None,
+                timeout=self.connect_timeout, banner_timeout=self.connect_timeout,
+                auth_timeout=self.connect_timeout, channel_timeout=self.connect_timeout,
+            )
+        except paramiko.BadHostKeyException as e:
+            client.close()
+            how = "the pinned key" if pinned else f"the key in {self.machine.known_hosts}"
+            raise PermanentError(
+                f"host key for {self.where} does not match {how} in {self._host_keys_note()}: "
+                f"refusing to connect (it offered {e.key.get_name()} "
+                f"{e.key.get_fingerprint().hex()[:16]}…)") from None
+        except UnknownHostKey:
+            client.close()
+            if self.machine.known_hosts:
+                why = f"it is not in {self.machine.known_hosts}"
+            else:
+                why = "neither ssh.host_key nor the fleet's known_hosts is set"
+            raise PermanentError(f"host key for {self.where} is unknown ({why}; see {self._host_keys_note()}): "
+                                 "refusing to connect") from None
+        except paramiko.AuthenticationException as e:
+            client.close()
+            raise TemporaryError(f"{self.where}: authentication as {ep.user} failed: {e}") from None
+        except socket.gaierror as e:
+            client.close()
+            raise TemporaryError(f"{self.where}: cannot resolve {self.host}: {e.strerror or e}") from None
+        except (socket.timeout, TimeoutError):
+            client.close()
+            raise TemporaryError(f"{self.where}: connection timed out after {self.connect_timeout:g}s") from None
+        except paramiko.ssh_exception.NoValidConnectionsError:
+            client.close()
+            if self.tunnel:  # nothing listens: the agent is down, or cannot reach this host
+                raise TemporaryError(f"{self.where}: tunnel not up (is `reconcile agent` running on "
+                                     "the machine?)") from None
+            raise TemporaryError(f"{self.where}: connection refused") from None
+        except (OSError, paramiko.SSHException, EOFError) as e:
+            client.close()
+            raise TemporaryError(f"{self.where}: cannot connect: {type(e).__name__}: {e}") from None
+        return client
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop_resident()
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    # ------------------------------------------------------------------ the resident probe
+
+    def _drop_resident(self) -> None:
+        chan, self._resident = self._resident, None
+        if chan is not None:
+            try:
+                chan.close()  # its stdin closes: the helper exits
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
+
+    def _resident_probe(self, args: dict) -> dict | None:
+        """A probe through the machine's resident helper (``probe.py --serve`` on a channel kept
+        open): one line out, one line back, no interpreter started. Started on first use once the
+        probe is staged; None whenever it cannot answer (not started, gone), and the caller runs
+        the probe the usual way (a helper that misbehaves is dropped, and started again on a later
+        pass). An answer that does not come within the probe timeout, or that is larger than
+        ``max_reply_bytes`` or unreadable, fails the probe (TemporaryError): asking again the usual
+        way would only make the pass wait twice for the same machine."""
+        if not self._staged or not self.kept:
+            return None
+        deadline = time.monotonic() + self.probe_timeout
+        failure = None
+        try:
+            with self._resident_lock:
+                if self._resident is None:
+                    client = self._connect()
+                    chan = client.get_transport().open_session(timeout=self.connect_timeout)
+                    path = f"$HOME/.cache/reconciler/agent-{agent_hash()}.py"
+                    env = f"export DOCKER_HOST={shlex.quote(self.machine.docker_host)}; " if self.machine.docker_host else ""
+                    chan.exec_command(f'{env}f="{path}"; [ -f "$f" ] || exit {STAGED_MISSING}; exec python3 "$f" --serve')
+                    self._resident, self._resident_buf = chan, bytearray()
+                chan = self._resident
+                self.round_trips += 1
+                chan.sendall(json.dumps(args, separators=(",", ":"), sort_keys=True).encode() + b"\n")
+                buf = self._resident_buf
+                while b"\n" not in buf:
+                    while chan.recv_stderr_ready():
+                        chan.recv_stderr(1 << 16)  # nothing is expected there; never let it fill up
+                    if chan.recv_ready():
+                        data = chan.recv(1 << 20)
+                        if not data:
+                            raise EOFError("the helper closed its output")
+                        buf += data
+                        if len(buf) > self.max_reply_bytes and b"\n" not in buf:
+                            failure = f"the reply exceeded {self.max_reply_bytes} bytes; not reading more"
+                            raise EOFError(failure)
+                        continue
+                    if chan.exit_status_ready() or chan.closed:
+                        raise EOFError("the helper exited")
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        failure = f"the probe did not answer within {self.probe_timeout:g}s"
+                        raise TimeoutError(failure)
+                    select.select([chan], [], [], min(left, 1.0))
+                line, _, rest = bytes(buf).partition(b"\n")
+                self._resident_buf = bytearray(rest)
+            # Decoded within the process-wide budget (parallel probes), waiting out the probe timeout.
+            answer = REPLY_BUDGET.decode(line, self.max_reply_bytes, max(0.0, deadline - time.monotonic()))
+        except BadReply as e:
+            with self._resident_lock:
+                self._drop_resident()
+            raise TemporaryError(f"{self.where}: its probe answer was rejected: {e}") from None
+        except (paramiko.SSHException, OSError, EOFError, TimeoutError, ValueError, AttributeError):
+            with self._resident_lock:
+                self._drop_resident()
+            if failure is not None:
+                raise TemporaryError(f"{self.where}: {failure}") from None
+            return None
+        if not isinstance(answer, dict) or "__error__" in answer:
+            return None
+        return answer
+
+    # ------------------------------------------------------------------ commands
+
+    def _exec(self, command: str, stdin: bytes | None, timeout: float, sink=None) -> tuple[int, bytes, bytes]:
+        """Run one command on one channel: send stdin, read stdout (into ``sink`` if given) and
+        stderr until EOF or the deadline. Returns (rc, stdout, stderr); rc 124 on timeout.
+
+        Stdout read into memory (no ``sink``) is bounded by the transport's ``max_reply_bytes``:
+        past it, reading stops, the channel is closed and the call fails with a TemporaryError, so
+        no machine can make the reconciler hold more. Stderr keeps its last STDERR_KEEP bytes (it
+        only ever feeds a message)."""
+        limit = self.max_reply_bytes
+        client = self._connect()
+        self.round_trips += 1
+        out = bytearray()
+        err = bytearray()
+        deadline = time.monotonic() + timeout
+        try:
+            chan = client.get_transport().open_session(timeout=self.connect_timeout)
+        except (paramiko.SSHException, OSError, EOFError, AttributeError) as e:
+            self.close()
+            raise TemporaryError(f"{self.where}: cannot open a session: {e}") from None
+        try:
+            chan.exec_command(command)
+            if stdin:
+                chan.sendall(stdin)
+            chan.shutdown_write()
+            while True:
+                while chan.recv_ready():
+                    data = chan.recv(1 << 16)
+                    if sink is not None:
+                        sink.write(data)
+                    else:
+                        out += data
+                        if len(out) > limit:
+                            raise TemporaryError(f"{self.where}: the reply exceeded {limit} bytes; not reading more")
+                while chan.recv_stderr_ready():
+                    err += chan.recv_stderr(1 << 16)
+                    if len(err) > STDERR_KEEP:
+                        del err[:len(err) - STDERR_KEEP]
+                if (chan.eof_received or chan.closed) and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return 124, bytes(out), bytes(err) + f"timed out after {timeout:g}s".encode()
+                select.select([chan], [], [], min(left, 1.0))
+            left = max(0.0, deadline - time.monotonic())
+            if not chan.status_event.wait(min(left, 5.0) or 0.1):
+                return 124, bytes(out), bytes(err) + b"no exit status"
+            return chan.recv_exit_status(), bytes(out), bytes(err)
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            self.close()
+            raise TemporaryError(f"{self.where}: session lost: {type(e).__name__}: {e}") from None
+        finally:
+            chan.close()
+
+    def sh(self, script: str, timeout: float = 60.0) -> Completed:
+        prefix = f"export DOCKER_HOST={shlex.quote(self.machine.docker_host)}\n" if self.machine.docker_host else ""
+        rc, out, err = self._exec("sh -c " + shlex.quote(prefix + script), None, timeout)
+        return Completed(rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+
+    def agent(self, args: dict) -> dict:
+        """One agent operation on the machine; its JSON answer, decoded within the boundary's
+        limits (``boundary.loads``). A probe gets the probe timeout, other operations (stopping a
+        run waits for it to end) the command timeout. What the answer says is validated by the
+        caller (``boundary.parse_probe``); only the root it resolved is learnt here, when it is a
+        plain absolute path."""
+        probing = args.get("op") == "probe"
+        timeout = self.probe_timeout if probing else self.command_timeout
+        deadline = time.monotonic() + timeout
+
+        def learn_root(report: dict) -> None:
+            root = absolute_path(report.get("root")) if probing else None
+            if root is not None:
+                self._root = root
+
+        if probing:
+            args = dict(args, root=self._root or self.machine.workspace_root)
+            report = self._resident_probe(args)
+            if report is not None:
+                learn_root(report)
+                return report
+        program, argv = agent_program(args)
+        rc = None
+        for _ in range(2):  # staged: by path; gone since (a cleaned home): staged again
+            if not argv or self._staged is False:
+                break
+            path = f"$HOME/.cache/reconciler/agent-{agent_hash()}.py"
+            quoted = " ".join(shlex.quote(a) for a in argv)
+            if self._staged:  # staged before: invoked by path, nothing sent
+                command = f'f="{path}"; [ -f "$f" ] || exit {STAGED_MISSING}; exec python3 "$f" {quoted}'
+                stdin = None
+            else:  # first contact: one round trip that stages it (when missing) and runs it
+                command = (f'f="{path}"; d="$HOME/.cache/reconciler"; if [ -f "$f" ]; then cat > /dev/null; '
+                           f'elif ! {{ mkdir -p "$d" && cat > "$d/.agent.$$" && mv "$d/.agent.$$" "$f"; }}; '
+                           f'then exit {STAGED_MISSING + 1}; fi; exec python3 "$f" {quoted}')
+                stdin = program.encode()
+            env = f"export DOCKER_HOST={shlex.quote(self.machine.docker_host)}; " if self.machine.docker_host else ""
+            rc, out, err = self._exec(env + command, stdin, timeout)
+            if rc == STAGED_MISSING and not out:
+                self._staged, rc = None, None
+                continue
+            if rc == STAGED_MISSING + 1 and not out:
+                self._staged, rc = False, None  # it cannot be kept here: the source every time
+                break
+            self._staged = True
+            break
+        if rc is None:
+            command = docker_prefix(self.machine) + "python3 - " + " ".join(shlex.quote(a) for a in argv)
+            rc, out, err = self._exec(command, program.encode(), timeout)
+        if rc != 0:
+            tail = err.decode("utf-8", "replace").strip()[-300:]
+            if rc == 127:
+                raise TemporaryError(f"{self.where}: python3 not found on the machine: {tail}")
+            raise TemporaryError(f"{self.where}: agent {args.get('op')} failed (exit {rc}): {tail}")
+        try:
+            # Room in the decoding budget is waited for within what is left of the call's timeout.
+            report = REPLY_BUDGET.decode(out, self.max_reply_bytes, max(0.0, deadline - time.monotonic()))
+        except BadReply as e:
+            raise TemporaryError(f"{self.where}: agent {args.get('op')} answer rejected: {e}") from None
+        if not isinstance(report, dict):
+            raise TemporaryError(f"{self.where}: agent {args.get('op')} answered a JSON "
+                                 f"{type(report).__name__}, not an object")
+        learn_root(report)
+        return report
+
+    # ------------------------------------------------------------------ files
+
+    def fetch_folder(self, identity: str, rel: str, dest: Path, sink_wrapper=None,
+                     limits: safetar.Limits = safetar.Limits()) -> safetar.Result:
+        """One folder of the workspace (``rel``, e.g. a checkpoint) as a tar stream into ``dest``.
+        ``sink_wrapper`` may wrap the spool file (a bandwidth limit). Only ``rel`` and what is under
+        it is taken, as plain files and folders (safetar)."""
+        parts = safetar.plain_parts(rel)
+        if isinstance(parts, str):
+            raise PermanentError(f"refusing to copy {safetar.printable(rel)!r} of {identity}: {parts}")
+        ws = self.workspace(identity)
+        script = f"cd {shlex.quote(ws)} || exit 97\n{_tar_create(shlex.quote('/'.join(parts)))}"
+        dest = Path(dest)
+        dest.mkdir(parents=True, exist_ok=True)
+
+        def keep(member: tuple[str, ...]) -> str | None:
+            return None if member[:len(parts)] == parts else f"outside {'/'.join(parts)}/"
+
+        rc, err, res = self._untar(script, dest, dest, max(self.command_timeout, 3600.0), keep, sink_wrapper, limits)
+        if res is None:
+            raise TemporaryError(f"copying {rel} of {identity} from {self.where} failed (exit {rc}): {err}")
+        return res
+
+    def _untar(self, script: str, spool_dir: Path, dest: Path, timeout: float, keep, sink_wrapper=None,
+               limits: safetar.Limits = safetar.Limits()) -> tuple[int, str, safetar.Result | None]:
+        """Run ``script`` (a tar on stdout), spool its output to disk (at most what a stream within
+        ``limits`` can be), and unpack the members that ``keep`` lets through into ``dest`` with
+        safetar, never with tarfile's extraction. Returns (exit code, stderr, result); the result is
+        None when the command failed (nothing is unpacked then, except for an exit 1 whose stream
+        turns out to be cut short: what came of it are plain files, replaced by the next fetch).
+
+        GNU tar exits 1 when a file changed while it was read (a log still being written): the
+        stream is whole all the same, so exit 1 counts when the stream ends with its end marker."""
+        with tempfile.TemporaryFile(dir=spool_dir) as spool:
+            sink = _BoundedSink(sink_wrapper(spool) if sink_wrapper is not None else spool, limits.spool_bytes())
+            try:
+                rc, _, err = self._exec("sh -c " + shlex.quote(script), None, timeout, sink=sink)
+            except _SpoolFull:
+                rc, err = 0, b""  # the channel is closed; what came is unpacked, as far as it goes
+            message = err.decode("utf-8", "replace").strip()[:300]
+            if rc not in (0, 1):
+                return rc, message, None
+            spool.seek(0)
+            res = safetar.unpack(spool, dest, keep=keep, limits=limits)
+            if sink.full:
+                res.truncated = True
+                res.error = ""  # cut at the limit on purpose, not damaged
+            elif rc == 1 and not res.complete:
+                return rc, message, None
+        return rc, message, res
+
+    def stage(self, bundle: Path, identity: str, spec_digest: str = "") -> str:
+        """Unpack the bundle as the identity's workspace, atomically. A workspace already there is
+        kept only if it was built for the same spec; one built for another is refused (exit 96)."""
+        ws = self.workspace(identity)
+        q = shlex.quote(ws)
+        tmp = shlex.quote(posixpath.join(posixpath.dirname(ws), f".{identity}.staging"))
+        script = (
+            f"if [ -f {q}/job.json ]; then cd {q} && {{\n{built_for_check(spec_digest)}}} && echo kept; exit $?; fi\n"
+            f"mkdir -p {shlex.quote(posixpath.dirname(ws))} || exit 3\n"
+            f"rm -rf {tmp} {q} && mkdir -p {tmp} && tar -xzf - -C {tmp} && mkdir -p {tmp}/runtime {tmp}/artifacts "
+            f"&& mv {tmp} {q} && echo staged\n"
+        )
+        data = bundles.archive(Path(bundle))
+        rc, out, err = self._exec("sh -c " + shlex.quote(script), data, self.command_timeout)
+        if rc == WRONG_SPEC:
+            raise TemporaryError(f"{identity} on {self.where} was built for another spec; not reusing it")
+        if rc != 0:
+            raise TemporaryError(f"staging {identity} on {self.where} failed (exit {rc}): "
+                                 f"{err.decode('utf-8', 'replace').strip()[:300]}")
+        return ws
+
+    def put_secret_file(self, workspace: str, content: bytes) -> None:
+        rt = shlex.quote(posixpath.join(workspace, "runtime"))
+        script = f"umask 077 && mkdir -p {rt} && cat > {rt}/.secrets.env.tmp && mv {rt}/.secrets.env.tmp {rt}/secrets.env"
+        rc, _, err = self._exec("sh -c " + shlex.quote(script), content, self.command_timeout)
+        if rc != 0:  # the error comes from mkdir/cat/mv and never contains the content
+            raise TemporaryError(f"writing the secrets file on {self.where} failed (exit {rc}): "
+                                 f"{err.decode('utf-8', 'replace').strip()[:200]}")
+
+    def fetch(self, identity: str, dest: Path, limits: safetar.Limits = safetar.Limits()) -> safetar.Result:
+        """runtime/ and artifacts/ of the workspace, as one tar over one command, into ``dest``:
+        plain files and folders only (safetar); what was left out is in the result."""
+        ws = shlex.quote(self.workspace(identity))
+        script = (f"cd {ws} || exit 97\nmkdir -p runtime artifacts\n"
+                  + _tar_create("--exclude=runtime/secrets.env --exclude=runtime/.secrets.env.tmp runtime artifacts"))
+        dest = Path(dest)
+        dest.mkdir(parents=True, exist_ok=True)
+        rc, err, res = self._untar(script, dest.parent, dest, max(self.command_timeout, 600.0),
+                                   only_runtime_and_artifacts, limits=limits)
+        if rc == 97:
+            raise TemporaryError(f"workspace of {identity} is gone from {self.where}")
+        if res is None:
+            raise TemporaryError(f"fetching {identity} from {self.where} failed (exit {rc}): {err}")
+        return res
+
+
+class _SpoolFull(Exception):
+    """The machine sent more than a transfer within the limits can be: the command is cut off."""
+
+
+class _BoundedSink:
+    """A spool file wrapper that takes at most ``limit`` bytes, then ends the transfer (a machine
+    cannot fill the reconciler host's disk by answering with an endless stream)."""
+
+    def __init__(self, f, limit: int):
+        self.f, self.limit, self.n, self.full = f, limit, 0, False
+
+    def write(self, data: bytes) -> None:
+        room = self.limit - self.n
+        if len(data) > room:
+            self.f.write(data[:room])
+            self.n, self.full = self.limit, True
+            raise _SpoolFull()
+        self.f.write(data)
+        self.n += len(data)
+
+
+def _tar_create(args: str) -> str:
+    """The shell lines that write a tar of ``args`` (already quoted) to stdout. GNU tar is told to
+    go on past files it cannot read (a job's chmod 000 file must not hold a collection back); its
+    FIFOs, sockets and links are sent or left out by tar and skipped here in any case."""
+    return (f"if tar --version 2>/dev/null | grep -q 'GNU tar'; then exec tar -cf - --ignore-failed-read {args}; fi\n"
+            f"exec tar -cf - {args}")
+
+
+__all__ = ["SshTransport", "agent_program", "agent_source"]

@@ -1,0 +1,76 @@
+"""Runs of different teams under one unix login: said in the plan, because nothing prevents it.
+
+A run's secrets live in its processes' environment (``/proc/<pid>/environ``) and its files in its
+workspace. Any process of the same unix user on that machine can read both: the login, not the run,
+is the boundary. Where runs of two teams are live (or about to be launched) under one login (one
+``user@host`` of a Fleet, however many Fleet entries name it; this machine for placement
+``local``; one Slurm cluster's submitting user), each team can read the other's secrets. The
+remedy is the machine's: one login per team (or per run), as several Fleet entries for the host
+with different ``ssh.user``. This module only makes the exposure visible, as plan warnings; it is
+pure (the plan, the observed world and the desired state in, sentences out).
+"""
+
+from __future__ import annotations
+
+from reconciler.core.actions import Action
+from reconciler.core.identity import parse
+from reconciler.core.observed import ObservedWorld
+from .plan import LOCAL, Plan
+from reconciler.spec.load import DesiredState
+
+NO_TEAM = "(no team)"
+
+
+def logins(desired: DesiredState) -> dict[str, str]:
+    """Fleet machine name → the unix login its runs run as, as people name it: ``user@host[:port]``
+    (two entries for the same login give the same). A machine no Fleet declares (this machine, a
+    Slurm cluster, a rental) is its own login."""
+    out = {}
+    for fleet in desired.fleets.values():
+        for m in fleet.spec.machines:
+            ssh = m.ssh
+            port = f":{ssh.port}" if getattr(m, "connect", "ssh") == "ssh" and ssh.port != 22 else ""
+            out[m.name] = f"{ssh.user}@{ssh.host}{port}"
+    return out
+
+
+def shared_login_warnings(desired: DesiredState, world: ObservedWorld, plan: Plan) -> list[str]:
+    """One warning per login that runs of more than one team hold (live, or launched by this plan)."""
+    label = desired.policy.spec.teamLabel if desired.policy is not None else "team"
+    placed: dict[str, set[str]] = {}  # machine → run names live or launched there
+    for m in world.machines.values():
+        for r in m.runs.values():
+            p = parse(r.identity)
+            if p is not None and r.alive:
+                placed.setdefault(m.name, set()).add(p.name)
+    for c in plan.changes:
+        if c.action in (Action.LAUNCH, Action.RELAUNCH):
+            for machine in [n.machine for n in c.nodes] or [c.machine]:
+                if machine:
+                    placed.setdefault(machine, set()).add(c.name)
+    known = logins(desired) if placed else {}
+    shared: dict[str, dict[str, set[str]]] = {}  # login → team → runs
+    machines_of: dict[str, set[str]] = {}
+    for machine, names in placed.items():
+        login = known.get(machine, machine)
+        machines_of.setdefault(login, set()).add(machine)
+        for name in names:
+            entry = desired.runs.get(name)
+            if entry is None:
+                continue
+            team = entry.run.metadata.labels.get(label) or NO_TEAM
+            shared.setdefault(login, {}).setdefault(team, set()).add(name)
+    out = []
+    for login, teams in sorted(shared.items()):
+        if len(teams) < 2:
+            continue
+        who = "; ".join(f"{t}: {', '.join(sorted(r)[:3])}" + (" ..." if len(r) > 3 else "")
+                        for t, r in sorted(teams.items()))
+        where = ", ".join(sorted(machines_of[login]))
+        what = ("the reconciler's own login on this machine (local)" if login == LOCAL
+                else f"the unix login {login} (machine {where})")
+        remedy = ("run them on Fleet machines, one login per team" if login == LOCAL
+                  else "give each team its own login (a Fleet entry per team with its own ssh.user)")
+        out.append(f"runs of different teams share {what}: {who}; each can read the others' secrets "
+                   f"(/proc/<pid>/environ) and workspaces; {remedy}")
+    return out

@@ -1,0 +1,155 @@
+"""Priorities and team quotas from the repository's Policy, for the planner. Pure.
+
+A run's team is the value of its ``teamLabel`` label (``team`` by default); a team the Policy does
+not list has no limit, and a run without the label belongs to no team. Usage counts what the
+team's runs hold now: the GPUs of their live instances (a rental's GPUs are its offer's) and the
+hourly price of the rentals they hold, plus what this plan places. A placement that would take a
+team past ``maxGpus`` or ``maxPricePerHour`` waits with ``QuotaExceeded``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from reconciler.core.identity import parse
+from reconciler.core.observed import ObservedWorld
+from reconciler.spec.load import DesiredState, RunEntry
+from reconciler.core.runstatus import RunStatus
+
+
+def priority_of(desired: DesiredState, entry: RunEntry | None) -> tuple[int, str]:
+    """(value, class name) of a run's priority: its class, else the Policy's default, else 0."""
+    policy = desired.policy
+    if policy is None:
+        return 0, ""
+    wanted = entry.run.spec.priority if entry is not None else None
+    for c in policy.spec.priorityClasses:
+        if (wanted is not None and c.name == wanted) or (wanted is None and c.default):
+            return c.value, c.name
+    return 0, ""
+
+
+def placement_order(desired: DesiredState, names: list[str], previous: dict[str, RunStatus],
+                    quotas: "Quotas | None" = None):
+    """The order runs are placed in. Higher priority first. With a Policy, within one priority
+    the team furthest below its share goes next (GPUs held / maxGpus, or / 1 for a team without
+    one; fewest first, re-read after each placement), and a team's runs go first come first
+    served (the time a run's status first recorded it); then by name. Without a Policy: by
+    name. Deterministic: a generator that reads ``quotas`` as placements update it."""
+    def since(name: str) -> str:
+        prev = previous.get(name)
+        return prev.history[0].time if prev is not None and prev.history else "~"
+
+    groups: dict[int, list[str]] = {}
+    for name in names:
+        groups.setdefault(priority_of(desired, desired.runs.get(name))[0], []).append(name)
+    for value in sorted(groups, reverse=True):
+        group = groups[value]
+        if desired.policy is None or quotas is None:
+            yield from sorted(group)
+            continue
+        queues: dict[str, list[str]] = {}
+        for name in sorted(group, key=lambda n: (since(n), n)):
+            queues.setdefault(quotas.team(name) or "", []).append(name)
+        while queues:
+            team = min(queues, key=lambda t: (quotas.share_used(t), since(queues[t][0]), t))
+            yield queues[team].pop(0)
+            if not queues[team]:
+                del queues[team]
+
+
+@dataclass
+class Quotas:
+    desired: DesiredState
+    usage: dict[str, list[float]] = field(default_factory=dict)  # team → [gpus, price per hour]
+
+    def team(self, name: str) -> str | None:
+        entry = self.desired.runs.get(name)
+        if entry is None or self.desired.policy is None:
+            return None
+        return entry.run.metadata.labels.get(self.desired.policy.spec.teamLabel)
+
+    def limits(self, team: str | None):
+        if team is None or self.desired.policy is None:
+            return None
+        return next((t for t in self.desired.policy.spec.teams if t.name == team), None)
+
+    @classmethod
+    def build(cls, desired: DesiredState, world: ObservedWorld, previous: dict[str, RunStatus]) -> "Quotas":
+        q = cls(desired)
+        if desired.policy is None or not desired.policy.spec.teams:
+            return q
+        for m in world.machines.values():
+            for r in m.runs.values():
+                p = parse(r.identity)
+                if r.alive and p is not None:
+                    rental = world.rentals.get(m.name)
+                    gpus = len(r.gpus)
+                    if rental is not None:
+                        gpus = _offer_gpus(desired, rental.provider, rental.offer) or gpus
+                    q.add(p.name, gpus, rental.price_per_hour or 0.0 if rental is not None else 0.0)
+        for name, st in previous.items():  # a rental asked for and not yet used is held already
+            r = (st.handle.rental or {}) if st.handle is not None else {}
+            if st.phase == "Provisioning" and r.get("offer"):
+                q.add(name, _offer_gpus(desired, r.get("provider"), r.get("offer")), r.get("price_per_hour") or 0.0)
+        return q
+
+    def _can_borrow(self, lim, gpus: float) -> bool:
+        """Past its own maxGpus, a borrowing team may use what the teams with a quota leave unused:
+        the sum of every team's maxGpus still holds."""
+        return lim.borrow and gpus <= _borrowable(self)
+
+    def borrowing(self, name: str, gpus: float) -> str | None:
+        """The note for a placement that goes past the team's maxGpus on other teams' unused quota."""
+        team = self.team(name)
+        lim = self.limits(team)
+        if lim is None or lim.maxGpus is None or not gpus:
+            return None
+        used = self.usage.get(team, [0.0, 0.0])[0]
+        if used + gpus > lim.maxGpus:
+            return (f"team {team} borrows {used + gpus - lim.maxGpus:g} GPU(s) of quota other teams leave unused "
+                    f"(maxGpus {lim.maxGpus}, borrow: true)")
+        return None
+
+    def share_used(self, team: str) -> float:
+        """GPUs the team holds per GPU of its share (maxGpus; 1 for a team without one)."""
+        lim = self.limits(team or None)
+        weight = lim.maxGpus if lim is not None and lim.maxGpus else 1
+        return self.usage.get(team, [0.0, 0.0])[0] / weight
+
+    def add(self, name: str, gpus: float, price: float) -> None:
+        if self.desired.policy is None:
+            return
+        team = self.team(name) or ""  # "": the runs without a team, together
+        u = self.usage.setdefault(team, [0.0, 0.0])
+        u[0] += gpus
+        u[1] += price
+
+    def exceeded(self, name: str, gpus: float, price: float = 0.0) -> str | None:
+        team = self.team(name)
+        lim = self.limits(team)
+        if lim is None:
+            return None
+        used = self.usage.get(team, [0.0, 0.0])
+        if lim.maxGpus is not None and gpus and used[0] + gpus > lim.maxGpus and not self._can_borrow(lim, gpus):
+            return f"team {team} holds {used[0]:g} of its maxGpus {lim.maxGpus} GPUs; this run needs {gpus:g} more"
+        if lim.maxPricePerHour is not None and price and used[1] + price > lim.maxPricePerHour + 1e-9:
+            return (f"team {team} rents {used[1]:g}/h of its maxPricePerHour {lim.maxPricePerHour:g}; this run's "
+                    f"offer adds {price:g}/h")
+        return None
+
+
+def _quota_teams(q: "Quotas"):
+    return [t for t in q.desired.policy.spec.teams if t.maxGpus is not None]
+
+
+def _borrowable(q: "Quotas") -> float:
+    """GPUs of quota the teams with one leave unused, all told: what a borrowing team may take."""
+    teams = _quota_teams(q)
+    return max(0.0, sum(t.maxGpus for t in teams) - sum(q.usage.get(t.name, [0.0, 0.0])[0] for t in teams))
+
+
+def _offer_gpus(desired: DesiredState, provider: str | None, offer: str | None) -> int:
+    p = desired.providers.get(provider or "")
+    o = next((x for x in p.spec.offers if x.id == offer), None) if p is not None else None
+    return o.gpu_count if o is not None else 0

@@ -1,0 +1,306 @@
+"""The planner's rental half: which machine a rental run gets, and which rentals go back. Pure.
+
+Placement, in order (the first that applies wins):
+1. the rental the run already holds, or one provisioned under its identity (a reconciler killed
+   between asking for a machine and recording it finds it here by name: never a second one);
+   still provisioning → wait; failed → replaced; past ``provisionTimeout`` → replaced;
+2. a warm rental nobody holds whose offer fits the run (kept up by ``idle`` after its last run),
+   cheapest first;
+3. a new rental: the cheapest fitting offer of the providers the run may use (ties: fewer GPUs,
+   then provider and offer name), unless the run's ``maxCost`` or the provider's limits say no,
+   or the offer failed a GPU check lately.
+
+Every rental named as this repository's is then swept: failed ones, ones past ``maxDuration``,
+idle ones past ``idle`` and orphans past ``orphanGrace`` are released. A rental with anything
+alive or uncollected on it, or that a run holds, stays. Rentals under any other name are never
+in ``world.rentals`` (observation drops them), so they are never touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from reconciler.core.actions import Action
+from reconciler.core.identity import parse
+from reconciler.core.observed import ObservedRental, ObservedWorld
+from reconciler.spec.offers import fits, offer_key, rental_name
+from reconciler.spec.load import DesiredState
+from reconciler.spec.models import Offer
+from reconciler.core.runstatus import TERMINAL, RunStatus, cost_so_far, iso, parse_iso
+
+LIVE = ("provisioning", "running")
+
+
+def rental_info(r: ObservedRental, offer: Offer | None = None) -> dict:
+    info = {"provider": r.provider, "id": r.id, "name": r.name, "offer": r.offer,
+            "price_per_hour": r.price_per_hour if r.price_per_hour is not None else (offer.price_per_hour if offer else None)}
+    return info
+
+
+@dataclass
+class RentalBook:
+    desired: DesiredState
+    world: ObservedWorld
+    previous: dict[str, RunStatus]
+    now: float
+    namespace: str
+    bad_offers: dict[tuple[str, str], float] = field(default_factory=dict)  # (provider, offer) → until
+    spend: dict[str, float] = field(default_factory=dict)  # provider → what its rentals cost so far
+    held: dict[str, str] = field(default_factory=dict)  # machine → the run holding it
+    released: dict[str, object] = field(default_factory=dict)  # machine → its release change
+    planned: list[tuple[str, float]] = field(default_factory=list)  # (provider, price) of this plan's provisions
+    # The planner's caches for owned machines, kept here because the book lives for one plan:
+    candidates: dict = field(default_factory=dict)  # (placement, target) → the candidate slots
+    no_room: dict = field(default_factory=dict)  # a request that found no room → the reasons
+    rooms: dict = field(default_factory=dict)  # id(candidate list) → its RoomIndex
+    preempted: dict = field(default_factory=dict)  # run name → (Kill, why): stopped for a higher priority
+    _runs_on: dict | None = None  # machine → names of the runs live there or placed there by this plan
+
+    def placed_on(self, machine: str, name: str) -> None:
+        self._on().setdefault(machine, set()).add(name)
+
+    def _on(self) -> dict:
+        if self._runs_on is None:
+            self._runs_on = {}
+            for m in self.world.machines.values():
+                for r in m.runs.values():
+                    p = parse(r.identity)
+                    if r.alive and p is not None:
+                        self._runs_on.setdefault(m.name, set()).add(p.name)
+        return self._runs_on
+
+    def runs_with(self, machine: str, labels: dict[str, str], other_than: str) -> list[str]:
+        """The runs on ``machine`` (live, or placed by this plan) whose labels include ``labels``."""
+        out = []
+        for name in sorted(self._on().get(machine, ())):
+            entry = self.desired.runs.get(name)
+            if name != other_than and entry is not None and all(
+                    entry.run.metadata.labels.get(k) == v for k, v in labels.items()):
+                out.append(name)
+        return out
+
+    def __post_init__(self):
+        for name, st in self.previous.items():
+            m = st.handle.machine if st.handle is not None else None
+            if m in self.world.rentals and st.phase not in TERMINAL:
+                self.held.setdefault(m, name)
+            r = (st.handle.rental or {}) if st.handle is not None else {}
+            # A run still provisioning holds its rental before it has a machine.
+            if st.phase == "Provisioning" and r.get("provider") and r.get("id"):
+                self.held.setdefault(f"{r['provider']}/{r['id']}", name)
+
+    def offer(self, r: ObservedRental) -> Offer | None:
+        p = self.desired.providers.get(r.provider)
+        return next((o for o in p.spec.offers if o.id == r.offer), None) if p is not None else None
+
+    def busy(self, machine: str) -> bool:
+        m = self.world.machines.get(machine)
+        return m is not None and any(x.alive or not x.collected for x in m.runs.values())
+
+    def live(self, provider: str) -> tuple[int, float]:
+        count, price = 0, 0.0
+        for r in self.world.rentals.values():
+            if r.provider == provider and r.state in LIVE and r.machine not in self.released:
+                count += 1
+                price += r.price_per_hour or 0.0
+        for p, pr in self.planned:
+            if p == provider:
+                count += 1
+                price += pr
+        return count, price
+
+    def is_bad(self, provider: str, offer: str | None) -> bool:
+        return offer is not None and self.bad_offers.get((provider, offer), 0) > self.now
+
+
+def place_rental(book: RentalBook, name: str, entry, eff, prev: RunStatus | None, ident: str, action: Action,
+                 code: str, why: str, stale: list, base: dict, resume_from: str | None,
+                 target_any: bool = False) -> list:
+    from .plan import Change
+
+    res = eff.resources
+    target = None if target_any else eff.target  # an ssh template's fallback: its target names a fleet
+    providers = {n: p for n, p in book.desired.providers.items() if target is None or n == target}
+    if not providers:
+        return [Change(name, Action.WAIT, "NoProvider", f"no Provider named {target!r}" if target
+                       else "no Provider is defined", "Pending", identity=ident, kill=stale, retry_after=60.0, **base)]
+    side: list = []
+
+    def launch_on(r: ObservedRental, note: str) -> list:
+        book.held[r.machine] = name
+        offer = book.offer(r)
+        verify = ({"type": offer.gpu_type, "count": offer.gpu_count, "memory_gb": offer.gpu_memory_gb}
+                  if offer is not None and offer.gpu_count else None)
+        return side + [Change(name, action, code, f"{why}; {note}", "Running", identity=ident, machine=r.machine,
+                              backend=eff.backend, kill=stale, resume_from=resume_from,
+                              rental=dict(rental_info(r, offer), verify=verify), **base)]
+
+    # 1. what this run holds, or what was provisioned under its identity
+    held_m = prev.handle.machine if prev is not None and prev.handle is not None and prev.phase not in TERMINAL else None
+    prov = (prev.handle.rental or {}) if prev is not None and prev.handle is not None else {}
+    mine: list[ObservedRental] = []
+    for m in (held_m, f"{prov.get('provider')}/{prov.get('id')}" if prov.get("id") else None):
+        r = book.world.rentals.get(m) if m else None
+        if r is not None and r not in mine and r.provider in providers:
+            mine.append(r)
+    mine += sorted((r for r in book.world.rentals.values() if r.identity == ident and r not in mine
+                    and r.provider in providers), key=lambda r: -r.n)
+    for r in mine:
+        offer = book.offer(r)
+        if r.state not in LIVE or r.machine in book.released:
+            continue
+        if offer is not None and not fits(offer, res):
+            continue  # the spec changed its resources: the old rental is swept once nobody holds it
+        if r.state == "provisioning":
+            timeout = book.desired.providers[r.provider].spec.provisionTimeout
+            since = r.created_at or book.now
+            if book.now - since > timeout:
+                side.append(_release(book, r, name, "ProvisionTimeout",
+                                     f"{r.name} on {r.provider} still not running after {timeout:g}s; giving it back"))
+                continue
+            book.held[r.machine] = name
+            return side + [Change(name, Action.WAIT, "Provisioning",
+                                  f"rental {r.provider}/{r.id} ({r.offer}) is being provisioned since {iso(since)}",
+                                  "Provisioning", identity=ident, kill=stale, retry_after=2.0,
+                                  rental=rental_info(r, offer), **base)]
+        if r.host and r.port:
+            return launch_on(r, f"on rental {r.machine} ({r.offer})")
+    # 2. a warm rental nobody holds
+    warm = []
+    for r in book.world.rentals.values():
+        offer = book.offer(r)
+        if (r.state == "running" and r.provider in providers and r.machine not in book.held
+                and r.machine not in book.released and not book.busy(r.machine) and offer is not None
+                and fits(offer, res) and not book.is_bad(r.provider, r.offer) and r.host and r.port
+                and book.world.machines.get(r.machine) is not None and book.world.machines[r.machine].reachable):
+            warm.append((offer_key(r.provider, offer), r.machine, r))
+    if warm:
+        warm.sort()
+        r = warm[0][2]
+        out = launch_on(r, f"on warm rental {r.machine} ({r.offer}, kept up after its last run)")
+        out[-1].considered = [f"{r.machine}: chosen (warm rental, {r.offer} at {r.price_per_hour:g}/h)"] + [
+            f"{x.machine}: warm, ranked lower ({x.offer} at {x.price_per_hour:g}/h)" for _, _, x in warm[1:]]
+        return out
+    # 3. a new rental
+    cost = cost_so_far(prev, book.now) if prev is not None else 0.0
+    max_cost = entry.run.spec.maxCost
+    if max_cost is not None and cost >= max_cost:
+        return side + [Change(name, Action.WAIT, "CostLimit", f"the run's rentals cost {cost:.2f} of its maxCost "
+                              f"{max_cost:g}; no new rental", "Pending", identity=ident, kill=stale,
+                              retry_after=300.0, **base)]
+    options = sorted((offer_key(pn, o), pn, o) for pn, p in providers.items() for o in p.spec.offers if fits(o, res))
+    if not options:
+        return side + [Change(name, Action.WAIT, "NoOffer", "no provider offer fits the run's resources", "Pending",
+                              identity=ident, kill=stale, retry_after=300.0, **base)]
+    blocked = []
+    quotas = getattr(book, "quotas", None)
+    for _, pn, o in options:
+        p = providers[pn]
+        over = quotas.exceeded(name, 0, o.price_per_hour) if quotas is not None else None
+        if over:
+            blocked.append(f"{pn}/{o.id}: {over}")
+            continue
+        if pn in book.world.provider_errors:
+            blocked.append(f"{pn}: inventory unknown ({book.world.provider_errors[pn]})")
+            continue
+        if book.is_bad(pn, o.id):
+            blocked.append(f"{pn}/{o.id}: failed a GPU check until {iso(book.bad_offers[(pn, o.id)])}")
+            continue
+        lim = p.spec.limits
+        count, price = book.live(pn)
+        if lim.maxMachines is not None and count + 1 > lim.maxMachines:
+            blocked.append(f"{pn}: {count} of maxMachines {lim.maxMachines} rented")
+            continue
+        if lim.maxPricePerHour is not None and price + o.price_per_hour > lim.maxPricePerHour + 1e-9:
+            blocked.append(f"{pn}/{o.id}: {price:g}/h rented + {o.price_per_hour:g}/h > maxPricePerHour "
+                           f"{lim.maxPricePerHour:g}")
+            continue
+        spent = book.spend.get(pn, 0.0)
+        if lim.budget is not None and spent >= lim.budget:
+            blocked.append(f"{pn}: budget {lim.budget:g} reached ({spent:.2f} spent)")
+            continue
+        n = 1 + max((r.n for r in book.world.rentals.values() if r.identity == ident), default=0)
+        rname = rental_name(book.namespace, ident, n)
+        book.planned.append((pn, o.price_per_hour))
+        considered = blocked + [f"{pn}/{o.id}: chosen (cheapest that fits and is allowed, {o.price_per_hour:g}/h)"]
+        considered += [f"{qn}/{q.id}: fits, ranked lower ({q.price_per_hour:g}/h)" for _, qn, q in options
+                       if (qn, q.id) != (pn, o.id) and not any(b.startswith(f"{qn}/{q.id}:") or b.startswith(f"{qn}:")
+                                                               for b in blocked)]
+        return side + [Change(name, Action.PROVISION, "Provision",
+                              f"{why}; renting {o.id} from {pn} ({o.price_per_hour:g}/h)",
+                              "Provisioning", identity=ident, kill=stale, retry_after=2.0, considered=considered,
+                              rental={"provider": pn, "id": None, "name": rname, "offer": o.id,
+                                      "price_per_hour": o.price_per_hour}, **base)]
+    code = "BudgetReached" if any("budget" in b or "maxPricePerHour" in b for b in blocked) else "RentalLimit"
+    if all("inventory unknown" in b for b in blocked):
+        code = "ProviderUnavailable"
+    elif all("team " in b for b in blocked):
+        code = "QuotaExceeded"
+    return side + [Change(name, Action.WAIT, code, "no rental: " + "; ".join(blocked), "Pending", identity=ident,
+                          kill=stale, retry_after=60.0 if code == "ProviderUnavailable" else 300.0,
+                          considered=blocked, **base)]
+
+
+def _release(book: RentalBook, r: ObservedRental, who: str, code: str, why: str):
+    from .plan import Change
+
+    c = Change(who, Action.RELEASE, code, why, None, machine=r.machine, rental=rental_info(r))
+    book.released[r.machine] = c
+    return c
+
+
+def sweep(book: RentalBook, plan, warnings: list[str]) -> list:
+    """Release what nobody needs: failed, too old, idle too long, or nobody's."""
+    out = []
+    holding = dict(book.held)
+    for c in plan.changes:
+        if c.phase is not None and c.phase not in TERMINAL:
+            m = c.machine or (f"{c.rental['provider']}/{c.rental['id']}" if c.rental and c.rental.get("id") else None)
+            if m in book.world.rentals:
+                holding.setdefault(m, c.name)
+    ended: dict[str, float] = {}
+    for name, st in book.previous.items():
+        m = st.handle.machine if st.handle is not None else None
+        if m in book.world.rentals and st.phase in TERMINAL:
+            t = parse_iso(st.history[-1].time) if st.history else None
+            ended[m] = max(ended.get(m, 0.0), t or 0.0)
+    current = {c.identity: c for c in plan.changes if c.phase is not None and c.identity}
+    for m, r in sorted(book.world.rentals.items()):
+        if (m in book.released or r.state in ("terminating", "terminated")
+                or r.provider in book.desired.invalid_providers):
+            continue  # an invalid provider spec protects its rentals until it is fixed
+        spec = book.desired.providers.get(r.provider)
+        who = holding.get(m) or (parse(r.identity).name if parse(r.identity) else r.name)
+        age = book.now - r.created_at if r.created_at else 0.0
+        if r.state == "failed":
+            out.append(_release(book, r, who, "RentalFailed", f"{m} failed at the provider"
+                                + (f" ({r.message})" if r.message else "") + "; giving it back"))
+            continue
+        if spec is not None and spec.spec.maxDuration is not None and age > spec.spec.maxDuration:
+            out.append(_release(book, r, who, "MaxDuration", f"{m} is {age:.0f}s old, past the provider's maxDuration "
+                                f"{spec.spec.maxDuration:g}s; giving it back"))
+            continue
+        if m in holding or book.busy(m):
+            continue
+        c = current.get(r.identity)
+        if c is not None and c.phase not in TERMINAL:
+            continue  # provisioned for a run that still wants it (adopted by its placement)
+        if spec is None:
+            # Its provider's file is gone: nothing says how long to keep it, so it goes now.
+            out.append(_release(book, r, who, "ProviderRemoved", f"{m}: provider {r.provider} is no longer "
+                                "defined; giving it back"))
+            continue
+        if m in ended:
+            until = ended[m] + spec.spec.idle
+            if book.now >= until:
+                out.append(_release(book, r, who, "Idle", f"{m} idle since {iso(ended[m])} "
+                                    f"(idle {spec.spec.idle:g}s); giving it back"))
+            continue
+        until = (r.created_at or book.now) + spec.spec.orphanGrace
+        if book.now >= until:
+            out.append(_release(book, r, who, "Orphan", f"{m} ({r.name}) is named as this repository's but no "
+                                f"run claims it; giving it back"))
+        else:
+            warnings.append(f"rental {m} ({r.name}) is named as this repository's but no run claims it; it is "
+                            f"given back at {iso(until)} unless a run does")
+    return out

@@ -1,0 +1,152 @@
+"""Checkpoints copied off rented machines while their runs train.
+
+A rental can vanish with everything on it. So while a run trains on one, each new complete
+checkpoint (its ``trainer_state.json`` is written last) is copied to the reconciler host's bundle
+store, ``.reconciler/checkpoints/<run>/g<generation>/checkpoint-N``: only the newest, only once,
+under a bandwidth limit, into a temporary folder renamed into place when whole (a copy cut short
+is never mistaken for a checkpoint). The newest copy is all a resume needs: older ones are removed.
+When the run is relaunched on another machine, the newest copy of its generation is staged with
+the bundle (``inputs/.reconciler/resume/checkpoint-N``) and training resumes from it.
+
+Object storage instead of this host's disk is a matter of replacing ``save`` and ``latest``
+(docs/rentals.md says how a team would point them at a bucket).
+
+The machine says where its checkpoints are, and a machine is untrusted: a path it reports is
+copied only if it looks like a checkpoint folder of the workspace (``checkpoint_problem``), the
+copy holds plain files and folders only (``safetar``: no link is created or followed), and the
+store is read the same way (a link left in it by an older reconciler is never taken for a
+checkpoint, nor followed when a copy is staged).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+from reconciler.artifacts import safetar
+from reconciler.core.errors import TemporaryError
+
+# What the probe reports: a checkpoint folder under the job's artifacts (ms-swift writes
+# artifacts/output/<version>/checkpoint-N), as plain components.
+CHECKPOINT_NAME = re.compile(r"checkpoint-[0-9]{1,12}")
+COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+=@-]{0,127}")
+MAX_DEPTH = 8
+
+
+def checkpoint_problem(rel: str) -> str | None:
+    """Why ``rel`` is not a workspace-relative checkpoint folder that may be copied, or None."""
+    if not isinstance(rel, str) or not rel or len(rel) > 512:
+        return "not a path of a sensible length"
+    if rel.startswith("/"):
+        return "an absolute path"
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return "an empty, '.' or '..' component"
+    if len(parts) > MAX_DEPTH or not all(COMPONENT.fullmatch(p) for p in parts):
+        return "not made of plain names"
+    if parts[0] != "artifacts" or len(parts) < 2:
+        return "not under artifacts/"
+    if not CHECKPOINT_NAME.fullmatch(parts[-1]):
+        return "not a checkpoint-N folder"
+    return None
+
+
+def _stored(p: Path) -> bool:
+    """A checkpoint folder of the store: a real folder, never a link (left by an older reconciler)."""
+    return p.is_dir() and not p.is_symlink() and CHECKPOINT_NAME.fullmatch(p.name) is not None
+
+
+def root(state_dir: Path) -> Path:
+    return Path(state_dir) / "checkpoints"
+
+
+def folder(state_dir: Path, name: str, generation: int) -> Path:
+    return root(state_dir) / name / f"g{generation}"
+
+
+def saved(state_dir: Path, names: set[str] | None = None) -> dict[tuple[str, int], set[str]]:
+    """(run, generation) → the checkpoints copied so far (whole ones only)."""
+    out: dict[tuple[str, int], set[str]] = {}
+    base = root(state_dir)
+    if not base.is_dir():
+        return out
+    for run_dir in base.iterdir():
+        if names is not None and run_dir.name not in names:
+            continue
+        for gen_dir in run_dir.glob("g*"):
+            if gen_dir.name[1:].isdigit():
+                out[(run_dir.name, int(gen_dir.name[1:]))] = {p.name for p in gen_dir.glob("checkpoint-*")
+                                                              if _stored(p)}
+    return out
+
+
+def latest(state_dir: Path, name: str, generation: int) -> Path | None:
+    d = folder(state_dir, name, generation)
+    found = [p for p in d.glob("checkpoint-*") if _stored(p)]
+    return max(found, key=lambda p: int(p.name[11:])) if found else None
+
+
+class Throttled:
+    """A file wrapper that holds writes to ``rate`` bytes per second."""
+
+    def __init__(self, f, rate: float):
+        self.f, self.rate = f, rate
+        self.t0, self.n = time.monotonic(), 0
+
+    def write(self, data: bytes) -> None:
+        self.f.write(data)
+        self.n += len(data)
+        ahead = self.n / self.rate - (time.monotonic() - self.t0)
+        if ahead > 0:
+            time.sleep(ahead)
+
+
+def save(transport, identity: str, rel: str, state_dir: Path, name: str, generation: int,
+         mb_per_s: float | None, limits: safetar.Limits = safetar.Limits()) -> Path:
+    """Copy the workspace folder ``rel`` (a checkpoint) into the store; returns where it is."""
+    why = checkpoint_problem(rel)
+    if why is not None:
+        raise TemporaryError(f"not copying checkpoint {safetar.printable(str(rel))!r} reported by the machine: {why}")
+    dest = folder(state_dir, name, generation)
+    dest.mkdir(parents=True, exist_ok=True)
+    final = dest / rel.rsplit("/", 1)[-1]
+    if final.is_symlink():  # never a checkpoint: removed (unlink does not follow it)
+        final.unlink()
+    if _stored(final):
+        return final
+    tmp = dest / f".partial-{uuid.uuid4().hex[:8]}"
+    wrap = (lambda f: Throttled(f, mb_per_s * 1e6)) if mb_per_s else None
+    try:
+        tmp.mkdir()
+        res = transport.fetch_folder(identity, rel, tmp, sink_wrapper=wrap, limits=limits)
+        if res.truncated or res.error:
+            # A checkpoint cut at the limit would be resumed from as if whole: not kept.
+            raise TemporaryError(f"checkpoint {rel} of {identity} not copied: {res.note()}")
+        got = tmp.joinpath(*rel.split("/"))
+        if got.is_symlink() or not got.is_dir():
+            raise TemporaryError(f"checkpoint {rel} of {identity} not copied: the machine sent no such folder")
+        os.replace(got, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    step = int(final.name[11:]) if final.name[11:].isdigit() else None
+    for old in dest.glob("checkpoint-*"):  # the newest copy is all a resume needs
+        if old != final and step is not None and old.name[11:].isdigit() and int(old.name[11:]) < step:
+            if old.is_symlink():
+                old.unlink()
+            else:
+                shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def stage(saved: Path, bundle: Path, limits: safetar.Limits = safetar.Limits()) -> safetar.Result:
+    """Copy a stored checkpoint into a bundle as ``inputs/.reconciler/resume/<name>``, without
+    following a link: one left in the store before copies were checked could point at any folder
+    of this host, which would then be sent to the machine."""
+    got = safetar.copy_tree(saved, Path(bundle), prefix=("inputs", ".reconciler", "resume", saved.name), limits=limits)
+    if got.truncated:
+        raise TemporaryError(f"the saved checkpoint {saved.name} is over the collection limit: not staged")
+    return got
