@@ -24,12 +24,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from reconciler.core import config as configs  # noqa: E402
 from reconciler.status import store as statuses  # noqa: E402
+from reconciler.core.runstatus import Handle  # noqa: E402
+from reconciler.status.summarize import record  # noqa: E402
 from reconciler.core.runstatus import SpecRef  # noqa: E402
 from reconciler.engine.loop import Reconciler  # noqa: E402
 from reconciler.core.observed import ObservedMachine, ObservedRun, ObservedWorld  # noqa: E402
-from reconciler.planner.plan import make_plan  # noqa: E402
+from reconciler.planner.make import make_plan  # noqa: E402
 from reconciler.spec.load import DesiredState, RunEntry, run_digest  # noqa: E402
-from reconciler.spec.models import ExecutionTemplate, Run  # noqa: E402
+from reconciler.spec.models.run import Run  # noqa: E402
+from reconciler.spec.models.template import ExecutionTemplate  # noqa: E402
 
 TEMPLATE = {"apiVersion": "reconciler/v1", "kind": "ExecutionTemplate", "id": "local-host",
             "placement": {"kind": "local"}, "launch_mode": {"kind": "host_process"}}
@@ -71,7 +74,7 @@ def bench_plan(n: int, repeat: int) -> list[float]:
         previous[name] = statuses.RunStatus(
             name=name, phase={0: "Running", 1: "Running", 2: "Succeeded", 3: "Pending"}[kind], generation=1,
             attempt=1, spec=SpecRef(digest=entry.digest),
-            handle=statuses.Handle(machine="local", identity=ident))
+            handle=Handle(machine="local", identity=ident))
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -106,8 +109,8 @@ def bench_pass(n: int, repeat: int) -> tuple[float, list[float]]:
         for name, entry in desired.runs.items():
             st = statuses.RunStatus(name=name, phase="Succeeded", generation=1, attempt=1, exit_code=0,
                                     spec=SpecRef(digest=entry.digest, path=entry.rel),
-                                    handle=statuses.Handle(machine="local", identity=f"{name}-g1-a1"))
-            statuses.record(st, "Succeeded", "done", 1000.0)
+                                    handle=Handle(machine="local", identity=f"{name}-g1-a1"))
+            record(st, "Succeeded", "done", 1000.0)
             statuses.write_if_changed(status_dir, st)
         subprocess.run(["git", "init", "-q", str(tmp)], check=True)
         # Committed, as the daemon's clone is (the pass keys some of its caches by the commit).

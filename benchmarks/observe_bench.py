@@ -36,7 +36,7 @@ import yaml  # noqa: E402
 from reconciler.core import config  # noqa: E402
 from reconciler.engine.loop import Reconciler  # noqa: E402
 from reconciler.engine.observe import names_to_watch, observe  # noqa: E402
-from reconciler.runtime import probe  # noqa: E402
+from reconciler.runtime import readings  # noqa: E402
 from reconciler.spec.load import load_tree  # noqa: E402
 from reconciler.machines.pool import TransportPool  # noqa: E402
 from tests.infra.sshd import SshServer  # noqa: E402
@@ -94,8 +94,8 @@ def run_doc(name: str, argv: list[str], target: str | None = None) -> dict:
 
 def process_with(needle: str) -> bool:
     """Whether a live process carries ``needle`` (the agent's own /proc scan and test)."""
-    groups = probe._process_groups()
-    return any(probe.group_alive(pgid, needle, groups) for pgid in groups)
+    groups = readings._process_groups()
+    return any(readings.group_alive(pgid, needle, groups) for pgid in groups)
 
 
 def main() -> int:

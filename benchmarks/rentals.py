@@ -91,7 +91,7 @@ def submitted_to_running(base: Path, delay: float) -> float:
     finally:
         w.cleanup()
         from reconciler.rentals.providers.local import LocalAdapter
-        from reconciler.spec.models import Provider
+        from reconciler.spec.models.provider import Provider
 
         a = LocalAdapter(Provider.model_validate(doc), None)
         for r in a.inventory():

@@ -137,7 +137,7 @@ def bind_reconciler(source: Path) -> None:
         return
     sys.path.insert(0, str(source))
     from reconciler.spec.load import run_digest
-    from reconciler.spec.models import Run
+    from reconciler.spec.models.run import Run
 
     imported = Path(sys.modules["reconciler"].__file__).resolve().parents[1]
     if imported != source.resolve():

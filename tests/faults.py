@@ -12,7 +12,7 @@ does what ``python -m reconciler ARGS...`` does, in a process where some of the 
 - ``--crash-after commit``: the daemon, after a pass's local status commit, before its push
   (``reconciler.daemon.service._after_commit``);
 - ``--hold-push PATH``: while PATH exists, every push waits; ``PATH.held`` appears once one waits,
-  so a test can move the remote under an unpushed status commit (``reconciler.daemon.service._before_push``).
+  so a test can move the remote under an unpushed status commit (``reconciler.daemon.gitsync._before_push``).
 
 The tests run the reconciler as a separate process, where a monkeypatch in the test's own process
 cannot reach; and the product reads no switch for any of this, so nothing a production host sets
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Where each crash point is: (module, seam).
 CRASH_POINTS = {"stage": ("reconciler.engine.apply", "_after_stage"), "apply": ("reconciler.engine.loop", "_after_apply"),
                 "commit": ("reconciler.daemon.service", "_after_commit")}
-HOLD_PUSH = ("reconciler.daemon.service", "_before_push")
+HOLD_PUSH = ("reconciler.daemon.gitsync", "_before_push")
 
 
 def command(*args: str, crash_after: str | None = None, hold_push: Path | str | None = None) -> list[str]:

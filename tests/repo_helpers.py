@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import pwd
+import re
 import signal
 import subprocess
 import sys
@@ -136,12 +139,35 @@ def _live_processes():
             yield int(entry), rest
 
 
+def _other_workers_account(pid: int) -> bool:
+    """True for a process of another pytest-xdist worker's test account (tests/infra/sshd.py's
+    worker_user): never one of this test's, though it may run a job of the same name."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return False
+    try:
+        uid = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return False
+    name = _account(uid) if uid else ""
+    return re.search(r"-gw\d+$", name) is not None and not name.endswith(f"-{worker}")
+
+
+@functools.lru_cache(maxsize=None)
+def _account(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return ""
+
+
 def processes_with(text: str) -> list[int]:
-    """Live pids whose environment or command line mentions ``text`` (this process excluded)."""
+    """Live pids whose environment or command line mentions ``text`` (this process excluded, and
+    those of another test worker's account)."""
     needle = text.encode()
     pids = []
     for pid, _ in _live_processes():
-        if pid == os.getpid():
+        if pid == os.getpid() or _other_workers_account(pid):
             continue
         for part in ("cmdline", "environ"):
             try:

@@ -21,8 +21,9 @@ import yaml
 
 from reconciler.core import config
 from reconciler.engine.loop import PassResult, Reconciler
-from reconciler.runtime.probe import group_alive
-from reconciler.status.store import RunStatus, load_all
+from reconciler.runtime.readings import group_alive
+from reconciler.core.runstatus import RunStatus
+from reconciler.status.store import load_all
 
 TEMPLATES = {
     "ssh-host": {"placement": {"kind": "ssh"}, "launch_mode": {"kind": "host_process"},

@@ -17,7 +17,7 @@ import os
 import sys
 
 from reconciler.rentals.providers.local import LocalAdapter
-from reconciler.spec.models import Offer, Provider
+from reconciler.spec.models.provider import Offer, Provider
 
 STATE = os.environ.get("COMMAND_PROVIDER_STATE", os.path.expanduser("~/.reconciler/command-provider"))
 # The rentals' ssh key: a path, set in the Provider's command.env (the executables see no other

@@ -24,7 +24,7 @@ from . import codepin
 from reconciler.core.boundary import BadReply, loads
 from reconciler.core.errors import PermanentError
 from .safetar import read_plain
-from reconciler.spec.checks import input_problem, not_user_content
+from reconciler.spec.checks.inputs import input_problem, not_user_content
 from reconciler.spec.resolve import Effective
 from reconciler.tasks import RenderContext, env_lines, render
 

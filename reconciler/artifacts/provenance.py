@@ -40,7 +40,8 @@ from . import bundle as bundles
 from reconciler.core.boundary import MAX_STEP, MAX_TIME, BadReply, clean_progress, clean_text, finite, loads
 from .safetar import read_plain
 from reconciler.core.identity import parse
-from reconciler.status.store import iso, load_one
+from reconciler.core.runstatus import iso
+from reconciler.status.store import load_one
 
 # /2: spec.commit is only ever the spec commit (never HEAD); inputs by content hash; image, config
 # and runtime_env added to the reproducibility half.

@@ -1,4 +1,4 @@
-"""``reconcile agent ACTION``: the command line of ``agent.py`` (run, drain, resume, authorize)."""
+"""``reconcile agent ACTION``: the command line of ``reconciler/agent/tunnel.py`` (run, drain, resume, authorize)."""
 
 from __future__ import annotations
 

@@ -13,8 +13,10 @@ from pathlib import Path
 
 from reconciler.core import config as configs
 from reconciler.status import store as statuses
+from reconciler.core.runstatus import cost_so_far, iso, parse_iso
 from reconciler.core.actions import Action
 from reconciler.core.errors import UsageError
+from reconciler.planner.render import text as plan_text
 
 
 def _cfg(args: argparse.Namespace, **flags) -> configs.Config:
@@ -66,7 +68,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             raise UsageError("--github needs --offline (a pull request's job asks no machine)")
         return cmd_once(args, dry_run=True)
     from reconciler.status.offline import has_changes, recorded_world
-    from reconciler.planner.plan import PlanSettings, make_plan
+    from reconciler.core.plan import PlanSettings
+    from reconciler.planner.make import make_plan
     from reconciler.spec.load import load_tree
 
     cfg = _cfg(args)
@@ -86,7 +89,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         for d in desired.diagnostics:
             print(d.text(), file=sys.stderr)
         print("Offline plan: from the specs and the committed status files; machines not asked.")
-        print(plan.text())
+        print(plan_text(plan))
     if args.github:
         from .prcomment import markdown, report
 
@@ -100,7 +103,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_once(args: argparse.Namespace, dry_run: bool) -> int:
     """One pass, or its plan. Exit 0, or 1 when an action of the pass failed (the others were still
     applied, and the failure is in the run's status); a plan has no actions and exits 0."""
-    from reconciler.daemon.service import setup_logging
+    from reconciler.daemon.logs import setup_logging
     from reconciler.engine.loop import Reconciler
 
     flags = {}
@@ -131,7 +134,7 @@ def cmd_once(args: argparse.Namespace, dry_run: bool) -> int:
     else:
         for d in result.desired.diagnostics:
             print(d.text(), file=sys.stderr)
-        print(result.plan.text())
+        print(plan_text(result.plan))
         if not dry_run:
             failed = [o for o in result.outcomes if not o.ok]
             for o in failed:
@@ -155,7 +158,7 @@ def cmd_once(args: argparse.Namespace, dry_run: bool) -> int:
 
 
 def _age(text: str | None, now: float) -> str:
-    t = statuses.parse_iso(text)
+    t = parse_iso(text)
     if t is None:
         return "-"
     s = max(0, int(now - t))
@@ -290,7 +293,7 @@ def rental_rows(cfg: configs.Config, now: float | None = None):
         m = st.handle.machine or (f"{st.handle.rental['provider']}/{st.handle.rental['id']}"
                                   if st.handle.rental and st.handle.rental.get("id") else None)
         if m in result.world.rentals:
-            runs.setdefault(m, (name, statuses.cost_so_far(st, now)))
+            runs.setdefault(m, (name, cost_so_far(st, now)))
     rows = []
     for m, r in sorted(result.world.rentals.items()):
         run, cost = runs.get(m, ("", 0.0))
@@ -300,7 +303,7 @@ def rental_rows(cfg: configs.Config, now: float | None = None):
                      "state": r.state, "offer": r.offer, "age_seconds": round(age, 1) if age is not None else None,
                      "price_per_hour": r.price_per_hour,
                      "rental_cost": round((r.price_per_hour or 0.0) * age / 3600.0, 4) if age is not None else None,
-                     "run_cost": round(cost, 4), "orphan": c is not None and c.code == "Orphan",
+                     "run_cost": round(cost, 4), "orphan": m in result.plan.orphans,
                      "release": {"code": c.code, "reason": c.reason} if c is not None else None})
     return rows, result, rec
 
@@ -330,7 +333,7 @@ def cmd_rentals(args: argparse.Namespace) -> int:
     else:
         table = [("MACHINE", "RUN", "STATE", "OFFER", "AGE", "PRICE/H", "COST", "ORPHAN")]
         for r in rows:
-            age = _age(statuses.iso(result.plan.at - r["age_seconds"]), result.plan.at) if r["age_seconds"] is not None else "-"
+            age = _age(iso(result.plan.at - r["age_seconds"]), result.plan.at) if r["age_seconds"] is not None else "-"
             table.append((r["machine"], r["run"] or "-", r["state"], r["offer"] or "-", age,
                           f"{r['price_per_hour']:g}" if r["price_per_hour"] is not None else "-",
                           f"{r['rental_cost']:.2f}" if r["rental_cost"] is not None else "-",

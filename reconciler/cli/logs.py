@@ -26,8 +26,10 @@ import re
 import shlex
 import sys
 import time
+from pathlib import Path
 
 from reconciler.status import store as statuses
+from reconciler.core.runstatus import TERMINAL
 from reconciler.core.config import Config
 from reconciler.core.errors import ReconcilerError
 from reconciler.core.names import LOCAL
@@ -194,6 +196,30 @@ class _JsonLines:
             self.write(stream, b"", final=True)
 
 
+class _Source:
+    """Where a run's log files are read from, and how far each has been read. The place can change
+    under a follow: a workspace removed after collection is read from the collected copy."""
+
+    def __init__(self, machine: str, ws: str, collected: Path | None, roots: list, lines: int):
+        self.machine, self.ws, self.collected, self.roots, self.lines = machine, ws, collected, roots, lines
+        self.t = None
+        self.offsets: dict[str, int | None] = {}
+
+    def has_copy(self) -> bool:  # asked again when a workspace is gone: collection may have happened meanwhile
+        return self.machine != LOCAL and self.collected is not None and self.collected.is_dir()
+
+    def read(self, f: str) -> tuple[list[str], bytes]:
+        if self.t is None:
+            return local_read(self.ws, f, self.offsets[f], self.lines, self.roots)
+        script = read_script(self.ws, f, self.offsets[f], self.lines)
+        header, _, body = self.t.sh(script, timeout=60).out.partition("\n")
+        try:
+            data = base64.b64decode(body)
+        except ValueError:  # cut short: read again from the same offset next time
+            return ["", ""], b""
+        return header.split(), data
+
+
 def follow_logs(cfg: Config, name: str, stream: str, lines: int, follow: bool, interval: float = 0.5,
                 as_json: bool = False, raw: bool | None = None) -> int:
     """``raw``: write the bytes as they are; None: only when stdout is not a terminal (a pipe or a
@@ -210,74 +236,26 @@ def follow_logs(cfg: Config, name: str, stream: str, lines: int, follow: bool, i
     # Where a workspace on this host may be read: a status file names the path, and anyone who can
     # push can write one.
     roots = [cfg.local_root, cfg.state_dir / "bundles"]
-
-    def has_copy() -> bool:  # asked again when a workspace is gone: collection may have happened meanwhile
-        return machine != LOCAL and collected is not None and collected.is_dir()
+    src = _Source(machine, ws, collected, roots, lines)
 
     if raw is None:
         raw = not sys.stdout.isatty()
     pool = recorded_pool(cfg, load_tree(cfg.repo), {name: st})
     try:
-        if st.phase in statuses.TERMINAL and has_copy():
-            machine, ws = LOCAL, str(collected)
-        t = pool.get(machine) if machine != LOCAL else None
-        offsets: dict[str, int | None] = {f: None for f in STREAMS[stream]}
+        if st.phase in TERMINAL and src.has_copy():
+            src.machine, src.ws = LOCAL, str(collected)
+        src.t = pool.get(src.machine) if src.machine != LOCAL else None
+        src.offsets = {f: None for f in STREAMS[stream]}
         out = _JsonLines() if as_json else _Raw() if raw else _Terminal()
-
-        def read(f: str) -> tuple[list[str], bytes]:
-            if t is None:
-                return local_read(ws, f, offsets[f], lines, roots)
-            header, _, body = t.sh(read_script(ws, f, offsets[f], lines), timeout=60).out.partition("\n")
-            try:
-                data = base64.b64decode(body)
-            except ValueError:  # cut short: read again from the same offset next time
-                return ["", ""], b""
-            return header.split(), data
 
         while True:
             first_done = None
             for f in STREAMS[stream]:
-                target = None
-                while True:  # pieces of at most READ_BYTES, up to the size the first piece saw
-                    header, body = read(f)
-                    if header[:1] == ["nobase64"]:
-                        print(f"reconcile logs: {machine} has no base64 command (coreutils), which reading "
-                              "a log there needs", file=sys.stderr)
-                        return 1
-                    if header[:1] == ["gone"]:
-                        if not has_copy():
-                            print(f"reconcile logs: the workspace of {st.handle.identity} is gone from {machine}",
-                                  file=sys.stderr)
-                            return 1
-                        machine, ws, t = LOCAL, str(collected), None  # removed after collection
-                        header, body = read(f)
-                    size, done, start, count, total = (header + ["", "", "", "", ""])[:5]
-                    if first_done is None:
-                        first_done = done == "1"
-                    if not (size.isdigit() and start.isdigit() and count.isdigit()) or len(body) != int(count):
-                        break  # an answer cut short: the next round reads from the same offset
-                    size_n, start_n = int(size), int(start)
-                    if offsets[f] is None:
-                        if lines > 0:
-                            cut = start_n > 0
-                            body = last_lines(body, lines, cut)
-                            shown = body.count(b"\n") + (bool(body) and not body.endswith(b"\n"))
-                            if total.isdigit() and int(total) > shown:
-                                more = " (as many as its last 4 MiB hold)" if cut and shown < lines else ""
-                                print(f"reconcile logs: showing the last {shown} lines{more} of {total} of "
-                                      f"{f.rsplit('/', 1)[-1]}; use --lines 0 for all", file=sys.stderr)
-                    if target is None:
-                        target = size_n
-                    offsets[f] = start_n + int(count)
-                    last_piece = offsets[f] >= min(size_n, target)
-                    if isinstance(out, _JsonLines):
-                        out.write(f.rsplit("/", 1)[-1].removesuffix(".log"), body, final=not follow and last_piece)
-                    elif body:
-                        # A last line without its newline gets one, unless more may follow on it.
-                        end = b"\n" if not follow and last_piece and not body.endswith(b"\n") else b""
-                        out.write(f, body + end, final=last_piece and not follow)
-                    if last_piece or not body:
-                        break
+                rc, done = _read_file(src, f, out, follow, st.handle.identity)
+                if rc is not None:
+                    return rc
+                if first_done is None:
+                    first_done = done
             # Done when the result existed before this round's reads began: they saw every byte.
             if not follow or first_done:
                 if isinstance(out, _JsonLines):
@@ -289,3 +267,56 @@ def follow_logs(cfg: Config, name: str, stream: str, lines: int, follow: bool, i
         return 1
     finally:
         pool.close()
+
+
+def _read_file(src: _Source, f: str, out, follow: bool, identity: str | None) -> tuple[int | None, bool]:
+    """One round's read of one log file, in pieces of at most READ_BYTES up to the size the first
+    piece saw. Return an exit status when the logs cannot be read (None: go on), and whether the
+    run had its result before the first piece was read."""
+    target = None
+    first_done = None
+    while True:
+        header, body = src.read(f)
+        if header[:1] == ["nobase64"]:
+            print(f"reconcile logs: {src.machine} has no base64 command (coreutils), which reading "
+                  "a log there needs", file=sys.stderr)
+            return 1, False
+        if header[:1] == ["gone"]:
+            if not src.has_copy():
+                print(f"reconcile logs: the workspace of {identity} is gone from {src.machine}",
+                      file=sys.stderr)
+                return 1, False
+            src.machine, src.ws, src.t = LOCAL, str(src.collected), None  # removed after collection
+            header, body = src.read(f)
+        size, done, start, count, total = (header + ["", "", "", "", ""])[:5]
+        if first_done is None:
+            first_done = done == "1"
+        if not (size.isdigit() and start.isdigit() and count.isdigit()) or len(body) != int(count):
+            break  # an answer cut short: the next round reads from the same offset
+        size_n, start_n = int(size), int(start)
+        if src.offsets[f] is None and src.lines > 0:
+            body = _first_lines(body, src.lines, start_n > 0, total, f)
+        if target is None:
+            target = size_n
+        src.offsets[f] = start_n + int(count)
+        last_piece = src.offsets[f] >= min(size_n, target)
+        if isinstance(out, _JsonLines):
+            out.write(f.rsplit("/", 1)[-1].removesuffix(".log"), body, final=not follow and last_piece)
+        elif body:
+            # A last line without its newline gets one, unless more may follow on it.
+            end = b"\n" if not follow and last_piece and not body.endswith(b"\n") else b""
+            out.write(f, body + end, final=last_piece and not follow)
+        if last_piece or not body:
+            break
+    return None, first_done
+
+
+def _first_lines(body: bytes, lines: int, cut: bool, total: str, f: str) -> bytes:
+    """The last ``lines`` lines of a file's first piece; say on stderr when that is not all of it."""
+    body = last_lines(body, lines, cut)
+    shown = body.count(b"\n") + (bool(body) and not body.endswith(b"\n"))
+    if total.isdigit() and int(total) > shown:
+        more = " (as many as its last 4 MiB hold)" if cut and shown < lines else ""
+        print(f"reconcile logs: showing the last {shown} lines{more} of {total} of "
+              f"{f.rsplit('/', 1)[-1]}; use --lines 0 for all", file=sys.stderr)
+    return body

@@ -69,7 +69,7 @@ def markdown(plan, offline: bool = True, diagnostics: list[str] | None = None) -
 
 
 def _sym(action: str) -> str:
-    from reconciler.planner.plan import SYMBOL
+    from reconciler.planner.render import SYMBOL
 
     return SYMBOL.get(action, "?")
 

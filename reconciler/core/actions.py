@@ -1,7 +1,7 @@
 """What a plan's change does: the ``Change.action`` vocabulary.
 
-Kept apart from plan.py so that rental_plan.py, which plan.py imports, can name actions without a
-cycle.
+In core, beside the plan's value types, because every layer above names actions: the planner
+makes them, the engine carries them out, status summarizes them, the command line prints them.
 """
 
 from __future__ import annotations

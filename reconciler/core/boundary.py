@@ -287,7 +287,7 @@ class RunCore(_Lenient):
 
 
 # A validated run entry is an ObservedRun whose machine is filled in once the report is bound to
-# the machine that made it (observe.py).
+# the machine that made it (engine/observe.py).
 RunReport = ObservedRun
 
 

@@ -20,6 +20,7 @@ from . import procenv
 from .errors import UsageError
 
 REDACT = ("webhook_secret",)
+NAMESPACE_PATTERN = r"^[a-z0-9]+(-[a-z0-9]+)*$"  # offers.NAMESPACE: "--" never inside
 
 
 class Config(BaseModel):
@@ -29,7 +30,10 @@ class Config(BaseModel):
     # Where this machine keeps run workspaces (the local execution plane). A sub-folder per
     # repository keeps two repositories' runs apart on a shared machine.
     workspace_root: str = "~/.reconciler/workspaces"
-    namespace: str | None = None
+    # The prefix of this repository's rental names (``offers.rental_name``): lowercase letters,
+    # digits and single hyphens inside, because the double hyphen ends it in a name and providers
+    # accept no other characters. A namespace outside that could never be read back from a name.
+    namespace: str | None = Field(None, pattern=NAMESPACE_PATTERN, max_length=40)
     commit: bool = True
     push: bool = True
     remote: str = "origin"
@@ -49,7 +53,7 @@ class Config(BaseModel):
     ssh_command_timeout: float = 60.0
     # A machine's probe (every pass) must answer within this, else the machine is unreachable for
     # the pass: a machine that never answers cannot hold every pass for the command timeout. Keep
-    # it above the probe's own 15 s limit on docker and squeue (runtime/probe.py TOOL_TIMEOUT).
+    # it above the probe's own 15 s limit on docker and squeue (runtime/readings.py TOOL_TIMEOUT).
     ssh_probe_timeout: float = Field(30.0, gt=0)
     # The most a machine's answer read into memory (a probe reply) may hold; a larger one fails
     # that call. 1,000 runs on a machine answer in about 1 MB.
@@ -168,4 +172,8 @@ def load(repo: str | None = None, path: str | None = None, flags: dict[str, Any]
             close = difflib.get_close_matches(where, list(Config.model_fields), n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise UsageError(f"configuration: unknown setting '{where}'{hint}") from None
+        if where == "namespace":
+            raise UsageError(f"configuration: namespace {data.get('namespace')!r}: expected at most 40 lowercase "
+                             "letters, digits and single hyphens inside (a-z, 0-9, '-'), as rental names "
+                             "need") from None
         raise UsageError(f"configuration: {where}: {first['msg']}") from None

@@ -1,6 +1,6 @@
 """Observed state: what the machines say, as plain values the planner can read.
 
-These types are filled by ``observe.py`` from each machine's probe and read by ``plan.py``; they
+These types are filled by ``engine/observe.py`` from each machine's probe and read by the planner; they
 import nothing that touches the network, git or processes, so plans can be computed and tested
 from fixtures.
 """

@@ -39,8 +39,9 @@ from pathlib import Path
 from urllib.parse import parse_qs, quote, urlparse
 
 from reconciler.core import display
+from reconciler.core.runstatus import TERMINAL, cost_so_far
 from reconciler.status import ledger, store as statuses
-from reconciler.spec.models import is_dns_label
+from reconciler.spec.models.common import is_dns_label
 
 log = logging.getLogger("reconciler.dashboard")
 TAIL_LINES = 200
@@ -182,7 +183,7 @@ class Views:
                     chunks.append(f"==> {f} <==\n{text}")
             if chunks:
                 return "\n".join(chunks)
-        if h.machine and h.machine != "local" and st.phase not in statuses.TERMINAL:
+        if h.machine and h.machine != "local" and st.phase not in TERMINAL:
             return f"(runs on {h.machine}: its log is collected when it ends; follow it now with " \
                    f"`reconcile logs {st.name} -f`)"
         return "(no log yet)"
@@ -194,7 +195,7 @@ class Views:
                 continue
             m = by.setdefault(st.handle.machine, {"live": 0, "runs": 0, "reach": ""})
             m["runs"] += 1
-            if st.phase not in statuses.TERMINAL and st.phase != "Pending":
+            if st.phase not in TERMINAL and st.phase != "Pending":
                 m["live"] += 1
                 c = st.condition("MachineReachable")
                 if c is not None and c.status == "False":
@@ -224,7 +225,7 @@ def _cost(st: statuses.RunStatus) -> str | None:
     if not st.cost:
         return None
     try:
-        return display.number(statuses.cost_so_far(st, time.time()), 6)
+        return display.number(cost_so_far(st, time.time()), 6)
     except (TypeError, ValueError, OverflowError):  # a cost field that is not a number
         return "?"
 

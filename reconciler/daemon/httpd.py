@@ -261,99 +261,106 @@ class BoundedHandler(BaseHTTPRequestHandler):
         return body
 
 
+class _Handler(BoundedHandler):
+    """The daemon's endpoints; ``make_server`` makes a subclass bound to its ``Endpoints`` and its
+    own record of webhook deliveries."""
+
+    ep: Endpoints
+    replays: Replays
+
+    def log_message(self, fmt: str, *args) -> None:  # route to our logger, quietly
+        log.debug("http %s", fmt % args)
+
+    def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _json(self, code: int, data: dict) -> None:
+        self._send(code, (json.dumps(data, sort_keys=True) + "\n").encode())
+
+    def do_GET(self) -> None:  # noqa: N802
+        path = self.path.split("?", 1)[0]
+        if path == "/healthz":
+            ok, data = self.ep.health()
+            self._json(200 if ok else 503, data)
+        elif path == "/metrics":
+            body, ctype = self.ep.metrics(self.headers.get("Accept") or "")  # (body, content type)
+            self._send(200, body, ctype)
+        else:
+            self._json(404, {"error": "not found", "endpoints": ["/healthz", "/metrics", "POST /hooks/git"]})
+
+    do_HEAD = do_GET
+
+    def do_POST(self) -> None:  # noqa: N802
+        path = self.path.split("?", 1)[0]
+        if path != "/hooks/git":
+            self._json(404, {"error": "not found"})
+            return
+        # Everything that can be refused without the body is, before a byte of it is read.
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0 or length > WEBHOOK_MAX_BODY:
+            self.close_connection = True
+            if length > WEBHOOK_MAX_BODY:
+                self.ep.on_refused(f"body over {WEBHOOK_MAX_BODY} bytes")
+            self._json(413 if length > WEBHOOK_MAX_BODY else 400, {"error": "bad Content-Length"})
+            return
+        secret = self.ep.secret()
+        if not secret:
+            self.close_connection = True
+            self.ep.on_refused("no webhook_secret configured")
+            self._json(403, {"error": "webhook disabled: no webhook_secret is configured"})
+            return
+        header = (self.headers.get("X-Hub-Signature-256") or "").strip()
+        if not header.startswith("sha256=") or len(header) != 71:
+            self.close_connection = True
+            self.ep.on_refused("bad or missing X-Hub-Signature-256")
+            self._json(401, {"error": "bad or missing X-Hub-Signature-256"})
+            return
+        body = self.read_body(length)
+        if body is None:
+            self.ep.on_refused("body not received in time")
+            self._json(400, {"error": "the body did not arrive"})
+            return
+        if not signature_ok(secret, body, header):
+            self.ep.on_refused("bad or missing X-Hub-Signature-256")
+            self._json(401, {"error": "bad or missing X-Hub-Signature-256"})
+            return
+        # GitHub sends a delivery id with every delivery ("X-GitHub-Delivery: A globally unique
+        # identifier (GUID) to identify the event", docs.github.com/en/webhooks/webhook-events-and-payloads
+        # #delivery-headers); replay protection keys on it, so a request without one is not GitHub's.
+        delivery = (self.headers.get("X-GitHub-Delivery") or "").strip()
+        if not _DELIVERY.fullmatch(delivery):
+            self.ep.on_refused("bad or missing X-GitHub-Delivery")
+            self._json(400, {"error": "bad or missing X-GitHub-Delivery"})
+            return
+        try:
+            payload = json.loads(body) if body else {}
+        except (ValueError, RecursionError):  # signed, but nested past what the decoder takes
+            payload = {}
+        keys = ["sig:" + header.lower(), "id:" + delivery]
+        if stale_push(payload, time.time()) or not self.replays.first_time(keys):
+            self.ep.on_refused("replayed or stale delivery")
+            self._json(409, {"error": "this delivery was already received, or is too old"})
+            return
+        info = {"event": display.clean(self.headers.get("X-GitHub-Event", ""), 60), "delivery": delivery}
+        if isinstance(payload, dict):
+            info["ref"] = display.clean(payload.get("ref", ""), 255)
+        self.ep.on_push(info)
+        self._json(202, {"accepted": True})
+
+
 def make_server(listen: str, ep: Endpoints) -> ThreadingHTTPServer:
     replays = Replays()
-
-    class Handler(BoundedHandler):
-        def log_message(self, fmt: str, *args) -> None:  # route to our logger, quietly
-            log.debug("http %s", fmt % args)
-
-        def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
-
-        def _json(self, code: int, data: dict) -> None:
-            self._send(code, (json.dumps(data, sort_keys=True) + "\n").encode())
-
-        def do_GET(self) -> None:  # noqa: N802
-            path = self.path.split("?", 1)[0]
-            if path == "/healthz":
-                ok, data = ep.health()
-                self._json(200 if ok else 503, data)
-            elif path == "/metrics":
-                body, ctype = ep.metrics(self.headers.get("Accept") or "")  # (body, content type)
-                self._send(200, body, ctype)
-            else:
-                self._json(404, {"error": "not found", "endpoints": ["/healthz", "/metrics", "POST /hooks/git"]})
-
-        do_HEAD = do_GET
-
-        def do_POST(self) -> None:  # noqa: N802
-            path = self.path.split("?", 1)[0]
-            if path != "/hooks/git":
-                self._json(404, {"error": "not found"})
-                return
-            # Everything that can be refused without the body is, before a byte of it is read.
-            try:
-                length = int(self.headers.get("Content-Length") or 0)
-            except ValueError:
-                length = -1
-            if length < 0 or length > WEBHOOK_MAX_BODY:
-                self.close_connection = True
-                if length > WEBHOOK_MAX_BODY:
-                    ep.on_refused(f"body over {WEBHOOK_MAX_BODY} bytes")
-                self._json(413 if length > WEBHOOK_MAX_BODY else 400, {"error": "bad Content-Length"})
-                return
-            secret = ep.secret()
-            if not secret:
-                self.close_connection = True
-                ep.on_refused("no webhook_secret configured")
-                self._json(403, {"error": "webhook disabled: no webhook_secret is configured"})
-                return
-            header = (self.headers.get("X-Hub-Signature-256") or "").strip()
-            if not header.startswith("sha256=") or len(header) != 71:
-                self.close_connection = True
-                ep.on_refused("bad or missing X-Hub-Signature-256")
-                self._json(401, {"error": "bad or missing X-Hub-Signature-256"})
-                return
-            body = self.read_body(length)
-            if body is None:
-                ep.on_refused("body not received in time")
-                self._json(400, {"error": "the body did not arrive"})
-                return
-            if not signature_ok(secret, body, header):
-                ep.on_refused("bad or missing X-Hub-Signature-256")
-                self._json(401, {"error": "bad or missing X-Hub-Signature-256"})
-                return
-            # GitHub sends a delivery id with every delivery ("X-GitHub-Delivery: A globally unique
-            # identifier (GUID) to identify the event", docs.github.com/en/webhooks/webhook-events-and-payloads
-            # #delivery-headers); replay protection keys on it, so a request without one is not GitHub's.
-            delivery = (self.headers.get("X-GitHub-Delivery") or "").strip()
-            if not _DELIVERY.fullmatch(delivery):
-                ep.on_refused("bad or missing X-GitHub-Delivery")
-                self._json(400, {"error": "bad or missing X-GitHub-Delivery"})
-                return
-            try:
-                payload = json.loads(body) if body else {}
-            except (ValueError, RecursionError):  # signed, but nested past what the decoder takes
-                payload = {}
-            keys = ["sig:" + header.lower(), "id:" + delivery]
-            if stale_push(payload, time.time()) or not replays.first_time(keys):
-                ep.on_refused("replayed or stale delivery")
-                self._json(409, {"error": "this delivery was already received, or is too old"})
-                return
-            info = {"event": display.clean(self.headers.get("X-GitHub-Event", ""), 60), "delivery": delivery}
-            if isinstance(payload, dict):
-                info["ref"] = display.clean(payload.get("ref", ""), 255)
-            ep.on_push(info)
-            self._json(202, {"accepted": True})
-
+    handler = type("Handler", (_Handler,), {"ep": ep, "replays": replays})
     host, port = parse_listen(listen)
-    return _Server((host, port), Handler)
+    return _Server((host, port), handler)
 
 
 def serve_in_thread(server: ThreadingHTTPServer) -> threading.Thread:

@@ -31,7 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
 
 from reconciler.core.actions import Action
-from reconciler.planner.plan import SYMBOL
+from reconciler.planner.render import SYMBOL
 from reconciler.core.runstatus import PHASES
 
 # The *_created series the client adds to counters and histograms by default are the process start

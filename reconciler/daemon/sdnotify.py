@@ -11,7 +11,7 @@ kills the service (then ``Restart=`` starts it again) when no ``WATCHDOG=1`` arr
 that time. ``Watchdog`` sends them from a thread of its own, every half of it, for as long as
 ``alive()`` says the daemon's loop is turning: a process that is wedged sends nothing (the
 thread cannot run), and neither does one whose loop has been stuck in a step for longer than
-the daemon allows (see ``STUCK_AFTER`` in daemon.py).
+the daemon allows (see ``STUCK_AFTER`` in service.py).
 
 The variables are removed from the environment when read, as ``sd_notify(unset_environment=1)``
 does: the processes the daemon starts (git, ssh, the runs on this machine) must not inherit a

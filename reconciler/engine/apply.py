@@ -22,7 +22,8 @@ from reconciler.machines.base import LaunchResult, LaunchSpec, SlurmJob
 from reconciler.core.errors import PermanentError, ReconcilerError, TemporaryError
 from reconciler.core.identity import make, node_identity, node_of, parse
 from reconciler.core.names import LOCAL
-from reconciler.planner.plan import Change, Plan
+from reconciler.rentals.providers.base import OfferUnavailable
+from reconciler.core.plan import Change, Plan
 from reconciler.spec.load import DesiredState
 from reconciler.spec.resolve import effective
 
@@ -163,8 +164,8 @@ def secret_refusals(desired: DesiredState, run) -> list[str]:
     """Why the run may not have each secret it lists that it may not have (empty: it may have them
     all), by the Policy's grants and the names the reconciler keeps to itself. A Policy file that
     is there but invalid grants nothing: its rules cannot be read, so no secret leaves."""
-    from reconciler.spec.checks import provider_credentials
-    from reconciler.spec.models import secret_refusal
+    from reconciler.spec.checks.secrets import provider_credentials
+    from reconciler.spec.models.policy import secret_refusal
 
     if run.spec.secrets and desired.policy is None and any(f.kind == "Policy" for f in desired.files):
         return [f"the Policy is invalid, so no secret is given to any run ({', '.join(run.spec.secrets)} held back)"]
@@ -293,6 +294,9 @@ def _rental_change(c: Change, ctx: ApplyContext, out: Outcome) -> Outcome:
         else:
             adapter.terminate(c.rental["id"])
             out.rental = dict(c.rental)
+    except OfferUnavailable as e:  # no capacity there now: the next pass places on another offer
+        ctx.providers.mark_bad(c.rental["provider"], e.offer, e.retry_after)
+        out.ok, out.error = False, str(e)
     except ReconcilerError as e:
         out.ok, out.error = False, str(e)
     except Exception as e:  # noqa: BLE001 - one run's failure never stops the pass

@@ -19,6 +19,8 @@ from typing import Callable
 from reconciler.gitops import repo as gitops
 from reconciler.artifacts import safetar
 from reconciler.status import store as statuses
+from reconciler.core.runstatus import TERMINAL, cost_so_far, iso
+from reconciler.status.summarize import records_new_spec, same_ignoring_time, summarize
 from reconciler.core.actions import Action
 from .apply import ApplyContext, Outcome, apply
 from reconciler.core.config import Config
@@ -26,7 +28,8 @@ from reconciler.planner.exposure import shared_login_warnings
 from reconciler.status.ledger import Ledger
 from .observe import names_to_watch, observe
 from reconciler.core.observed import ObservedWorld
-from reconciler.planner.plan import Plan, PlanSettings, make_plan
+from reconciler.core.plan import Plan, PlanSettings
+from reconciler.planner.make import make_plan
 from reconciler.rentals.inventory import Providers
 from reconciler.spec.load import DesiredState, SpecCache, load_tree
 from reconciler.machines.pool import TransportPool
@@ -110,63 +113,111 @@ class Reconciler:
         previous = statuses.load_all(status_dir, self.status_cache, skip=candidates, skipped=skipped)
         pool = TransportPool(cfg, desired, self.connections, self.transport_factory)
         try:
-            rentals, provider_errors = self._observe_rentals(desired)
-            pool.add_rentals(rentals, provider_errors, self.providers, previous)
-            machines = pool.machines(previous)
-            # A settled run's status is read only if a machine reports one of its attempts: the
-            # report must be bound to the machine that status records. Every other status is in
-            # ``previous`` already, so a name a machine makes up costs no file open.
-            looked: dict[str, statuses.RunStatus | None] = {}
-
-            def recorded(name: str) -> statuses.RunStatus | None:
-                if name not in skipped:
-                    return None
-                if name not in looked:
-                    looked[name] = statuses.load_one(status_dir, name)
-                return looked[name]
-
-            world = observe(machines, pool.get, names_to_watch(desired, previous, frozenset(skipped)), previous,
-                            now, cfg.parallel_machines, recorded=recorded)
-            world.rentals, world.provider_errors = rentals, provider_errors
-            if rentals:
-                from reconciler.rentals import checkpoints
-
-                world.saved_checkpoints = checkpoints.saved(cfg.state_dir)
-            for name in [n for n in skipped if world.instances(n)]:  # something of it is out there again
-                st = looked[name] if name in looked else statuses.load_one(status_dir, name)
-                skipped.discard(name)
-                if st is not None:
-                    previous[name] = st
-            missing = {name: [s for s in e.run.spec.secrets if self.secret_source(s) is None]
-                       for name, e in desired.runs.items() if e.run.spec.secrets}
-            settings = self.settings()
-            if desired.providers or rentals:
-                settings.namespace = cfg.repo_namespace
-                settings.bad_offers = dict(self.providers.bad_offers)
-                settings.spend = self._spend(previous, now)
-            plan = make_plan(desired, world, previous, now, settings, settled=frozenset(skipped),
-                             missing_secrets={n: m for n, m in missing.items() if m})
-            # Secrets are only as private as the unix login the runs share: say where teams share one.
-            plan.warnings.extend(shared_login_warnings(desired, world, plan))
+            world = self._observe_world(desired, previous, skipped, pool, status_dir, now)
+            plan = self._plan(desired, world, previous, skipped, now)
             result = PassResult(desired, world, plan)
             if dry_run:
                 result.duration = time.perf_counter() - t0
                 return result
-            repo_head = gitops.head(self.repo)
-            # One history walk per pass for every spec commit it needs: bundles and status files.
-            spec_commits = self._spec_commits(plan, previous)
-            ctx = ApplyContext(repo=cfg.repo, desired=desired, transport_for=pool.get, repo_head=repo_head,
-                               spec_commits=spec_commits,
-                               terminate_grace=cfg.terminate_grace, remote_cleanup=cfg.remote_cleanup,
-                               parallel=cfg.parallel_changes, machine_python=pool.python_for,
-                               secret_source=self.secret_source, providers=self.providers,
-                               rental_key=pool.rental_key, ssh_ready_timeout=cfg.ssh_ready_timeout,
-                               checkpoint_copy_mbps=cfg.checkpoint_copy_mbps,
-                               collect_limits=safetar.Limits(cfg.collect_max_bytes, cfg.collect_max_files))
-            result.outcomes = apply(plan, ctx)
-            _after_apply()
+            spec_commits = self._apply(result, previous, pool)
         finally:
             pool.close()
+        phases, written = self._write_statuses(result, previous, spec_commits, status_dir, now)
+        if cfg.ledger:
+            self.ledger.refresh(status_dir, previous, written, now)
+        # A run whose last machine is a rental still up keeps its status loaded: it dates the
+        # rental's idle time (and so when it is given back).
+        on_rentals = {n: st for n, st in previous.items()
+                      if st.handle is not None and st.handle.machine in world.rentals}
+        costs = {n: ((st.cost or {}).get("provider"), cost_so_far(st, now))
+                 for n, st in {**previous, **written}.items() if st.cost}
+        del previous  # the parsed statuses of settled runs can go now
+        self._settle(desired, world, plan, skipped, phases, status_dir, on_rentals, costs)
+        waits = [c.retry_after for c in plan.changes if c.retry_after]
+        result.retry_after = min(waits) if waits else None
+        do_commit = cfg.commit if commit is None else commit
+        if do_commit and self.repo is not None:
+            self._commit(result, written)
+        result.duration = time.perf_counter() - t0
+        self._gc()
+        return result
+
+    def _observe_world(self, desired: DesiredState, previous: dict[str, statuses.RunStatus], skipped: set[str],
+                       pool: TransportPool, status_dir: Path, now: float) -> ObservedWorld:
+        """What the machines and providers report, with the status of every settled run one of
+        them reports an attempt of loaded into ``previous`` (and taken out of ``skipped``)."""
+        cfg = self.cfg
+        rentals, provider_errors = self._observe_rentals(desired)
+        pool.add_rentals(rentals, provider_errors, self.providers, previous)
+        machines = pool.machines(previous)
+        # A settled run's status is read only if a machine reports one of its attempts: the
+        # report must be bound to the machine that status records. Every other status is in
+        # ``previous`` already, so a name a machine makes up costs no file open.
+        looked: dict[str, statuses.RunStatus | None] = {}
+
+        def recorded(name: str) -> statuses.RunStatus | None:
+            if name not in skipped:
+                return None
+            if name not in looked:
+                looked[name] = statuses.load_one(status_dir, name)
+            return looked[name]
+
+        world = observe(machines, pool.get, names_to_watch(desired, previous, frozenset(skipped)), previous,
+                        now, cfg.parallel_machines, recorded=recorded)
+        world.rentals, world.provider_errors = rentals, provider_errors
+        if rentals:
+            from reconciler.rentals import checkpoints
+
+            world.saved_checkpoints = checkpoints.saved(cfg.state_dir)
+        for name in [n for n in skipped if world.instances(n)]:  # something of it is out there again
+            st = looked[name] if name in looked else statuses.load_one(status_dir, name)
+            skipped.discard(name)
+            if st is not None:
+                previous[name] = st
+        return world
+
+    def _plan(self, desired: DesiredState, world: ObservedWorld, previous: dict[str, statuses.RunStatus],
+              skipped: set[str], now: float) -> Plan:
+        cfg = self.cfg
+        missing = {name: [s for s in e.run.spec.secrets if self.secret_source(s) is None]
+                   for name, e in desired.runs.items() if e.run.spec.secrets}
+        settings = self.settings()
+        if desired.providers or world.rentals:
+            settings.namespace = cfg.repo_namespace
+            settings.bad_offers = dict(self.providers.bad_offers)
+            settings.spend = self._spend(previous, now)
+        plan = make_plan(desired, world, previous, now, settings, settled=frozenset(skipped),
+                         missing_secrets={n: m for n, m in missing.items() if m})
+        # Secrets are only as private as the unix login the runs share: say where teams share one.
+        plan.warnings.extend(shared_login_warnings(desired, world, plan))
+        return plan
+
+    def _apply(self, result: PassResult, previous: dict[str, statuses.RunStatus],
+               pool: TransportPool) -> dict[str, str]:
+        """Carry out the plan into ``result.outcomes``; return the spec commits it looked up."""
+        cfg = self.cfg
+        plan = result.plan
+        repo_head = gitops.head(self.repo)
+        # One history walk per pass for every spec commit it needs: bundles and status files.
+        spec_commits = self._spec_commits(plan, previous)
+        ctx = ApplyContext(repo=cfg.repo, desired=result.desired, transport_for=pool.get, repo_head=repo_head,
+                           spec_commits=spec_commits,
+                           terminate_grace=cfg.terminate_grace, remote_cleanup=cfg.remote_cleanup,
+                           parallel=cfg.parallel_changes, machine_python=pool.python_for,
+                           secret_source=self.secret_source, providers=self.providers,
+                           rental_key=pool.rental_key, ssh_ready_timeout=cfg.ssh_ready_timeout,
+                           checkpoint_copy_mbps=cfg.checkpoint_copy_mbps,
+                           collect_limits=safetar.Limits(cfg.collect_max_bytes, cfg.collect_max_files))
+        result.outcomes = apply(plan, ctx)
+        _after_apply()
+        return spec_commits
+
+    def _write_statuses(self, result: PassResult, previous: dict[str, statuses.RunStatus],
+                        spec_commits: dict[str, str], status_dir: Path,
+                        now: float) -> tuple[dict[str, str], dict[str, statuses.RunStatus]]:
+        """Write the status file of every change whose status moved; return each run's phase after
+        the pass and the statuses written (``result.written`` and ``result.transitions`` too)."""
+        plan, world = result.plan, result.world
         by_name = {o.name: o for o in result.outcomes if not o.side}
         phases = {n: st.phase for n, st in previous.items()}
         written: dict[str, statuses.RunStatus] = {}
@@ -175,11 +226,11 @@ class Reconciler:
                 continue
             prev = previous.get(change.name)
             obs = world.find(change.identity) if change.identity else None
-            new = statuses.summarize(prev, change, by_name.get(change.name), obs, now,
+            new = summarize(prev, change, by_name.get(change.name), obs, now,
                                      spec_commits.get(change.spec_path or ""))
-            if new is prev or statuses.same_ignoring_time(prev, new):
+            if new is prev or same_ignoring_time(prev, new):
                 continue
-            new.observed_at = statuses.iso(now)
+            new.observed_at = iso(now)
             try:
                 wrote = statuses.write_if_changed(status_dir, new)
             except statuses.UnsafeName as e:  # defence in depth: names are DNS labels by validation
@@ -194,35 +245,23 @@ class Reconciler:
                 if before != new.phase or (prev and (prev.attempt, prev.generation) != (new.attempt, new.generation)):
                     ident = change.identity or ""
                     result.transitions.append(f"{change.name}: {before} → {new.phase} [{ident}] {change.reason}"[:300])
-        if cfg.ledger:
-            self.ledger.refresh(status_dir, previous, written, now)
-        # A run whose last machine is a rental still up keeps its status loaded: it dates the
-        # rental's idle time (and so when it is given back).
-        on_rentals = {n: st for n, st in previous.items()
-                      if st.handle is not None and st.handle.machine in world.rentals}
-        costs = {n: ((st.cost or {}).get("provider"), statuses.cost_so_far(st, now))
-                 for n, st in {**previous, **written}.items() if st.cost}
-        del previous  # the parsed statuses of settled runs can go now
-        self._settle(desired, world, plan, skipped, phases, status_dir, on_rentals, costs)
-        waits = [c.retry_after for c in plan.changes if c.retry_after]
-        result.retry_after = min(waits) if waits else None
-        do_commit = cfg.commit if commit is None else commit
-        if do_commit and self.repo is not None:
-            lines = {line.split(":", 1)[0]: line for line in result.transitions}
+        return phases, written
 
-            def message(paths: list[str]) -> str:
-                names = [Path(p).stem for p in paths]
-                at_head = gitops.head_blobs(self.repo, [p for n, p in zip(names, paths) if n not in lines])
-                found = [lines.get(n) or _transition_since_head(self.repo, p, at_head[p], written.get(n))
-                         for n, p in zip(names, paths)]
-                return gitops.transitions_message([t for t in found if t], files=len(paths))
+    def _commit(self, result: PassResult, written: dict[str, statuses.RunStatus]) -> None:
+        """Commit the status files the pass changed, with one message line per transition."""
+        cfg = self.cfg
+        lines = {line.split(":", 1)[0]: line for line in result.transitions}
 
-            made = gitops.commit_status(self.repo, message, gitops.Author(cfg.author_name, cfg.author_email))
-            if made is not None:
-                result.commit, result.committed = made.sha, [Path(p).stem for p in made.paths]
-        result.duration = time.perf_counter() - t0
-        self._gc()
-        return result
+        def message(paths: list[str]) -> str:
+            names = [Path(p).stem for p in paths]
+            at_head = gitops.head_blobs(self.repo, [p for n, p in zip(names, paths) if n not in lines])
+            found = [lines.get(n) or _transition_since_head(self.repo, p, at_head[p], written.get(n))
+                     for n, p in zip(names, paths)]
+            return gitops.transitions_message([t for t in found if t], files=len(paths))
+
+        made = gitops.commit_status(self.repo, message, gitops.Author(cfg.author_name, cfg.author_email))
+        if made is not None:
+            result.commit, result.committed = made.sha, [Path(p).stem for p in made.paths]
 
     def _gc(self) -> None:
         """What a pass leaves behind is mostly caches that live as long as the process (parsed
@@ -243,7 +282,7 @@ class Reconciler:
         for c in plan.changes:
             prev = previous.get(c.name)
             if c.phase is not None and c.spec_path and (
-                    c.action in (Action.LAUNCH, Action.RELAUNCH) or statuses.records_new_spec(prev, c)):
+                    c.action in (Action.LAUNCH, Action.RELAUNCH) or records_new_spec(prev, c)):
                 paths.append(c.spec_path)
         if not paths or self.repo is None:
             return {}
@@ -279,7 +318,7 @@ class Reconciler:
         spend: dict[str, float] = {}
         for name, st in previous.items():
             if st.cost and st.cost.get("provider"):
-                spend[st.cost["provider"]] = spend.get(st.cost["provider"], 0.0) + statuses.cost_so_far(st, now)
+                spend[st.cost["provider"]] = spend.get(st.cost["provider"], 0.0) + cost_so_far(st, now)
         for name, s in self.settled.items():
             if name not in previous and s.provider:
                 spend[s.provider] = spend.get(s.provider, 0.0) + s.cost
@@ -298,7 +337,7 @@ class Reconciler:
         """
         settled = {n: self.settled[n] for n in skipped}
         for c in plan.changes:
-            if (c.action != Action.NONE or c.phase not in statuses.TERMINAL or c.name in desired.invalid
+            if (c.action != Action.NONE or c.phase not in TERMINAL or c.name in desired.invalid
                     or any(r.alive or not r.collected for r in world.instances(c.name))
                     or c.name in (on_rentals or {})):
                 continue

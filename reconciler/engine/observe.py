@@ -1,7 +1,7 @@
 """Observe: ask every machine, in parallel and with per-host timeouts, what its runs are doing.
 
 One agent call per machine reports all of its workspaces. What it says passes the trust boundary
-(``boundary.py``: bounded, validated, per run) and is bound to the machine: a machine reports only
+(``core/boundary.py``: bounded, validated, per run) and is bound to the machine: a machine reports only
 on the runs it hosts. A machine that fails to answer, or whose answer cannot be read, is marked
 unreachable, not empty: its runs are Unknown until a grace period passes. The moment it stopped
 answering is read back from the status files' MachineReachable condition, so the grace clock
@@ -95,7 +95,7 @@ def expected_workspace(transport, identity: str) -> str | None:
 def observe(machines: list[str], transport_for: Callable[[str], object], names: list[str],
             previous: dict[str, RunStatus], now: float, parallel: int = 16,
             recorded: Callable[[str], RunStatus | None] | None = None) -> ObservedWorld:
-    """Every machine's report, validated (``boundary.py``) and bound to the machine: a report about
+    """Every machine's report, validated (``core/boundary.py``) and bound to the machine: a report about
     an attempt whose status records another machine is dropped and noted on the reporting
     machine. ``recorded``: the status of a run not in ``previous`` (a settled run's, read on demand)."""
     world = ObservedWorld(at=now)

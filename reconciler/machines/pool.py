@@ -97,7 +97,7 @@ class TransportPool:
         return sorted(names)
 
     def _rental_info(self, name: str) -> MachineInfo:
-        from reconciler.spec.models import Machine, SshEndpoint
+        from reconciler.spec.models.fleet import Machine, SshEndpoint
 
         provider = name.split("/", 1)[0]
         r = self._rentals.get(name)
@@ -121,7 +121,7 @@ class TransportPool:
         if spec is not None:
             ssh = spec.spec.ssh
         elif name in self._recorded:  # its provider's spec is invalid: what the status recorded
-            from reconciler.spec.models import RentalSsh
+            from reconciler.spec.models.provider import RentalSsh
 
             rec = self._recorded[name]
             ssh = RentalSsh.model_construct(**{**RentalSsh().model_dump(), **{

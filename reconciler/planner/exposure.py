@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from reconciler.core.actions import Action
 from reconciler.core.identity import parse
+from reconciler.core.names import LOCAL
 from reconciler.core.observed import ObservedWorld
-from .plan import LOCAL, Plan
+from reconciler.core.plan import Plan
 from reconciler.spec.load import DesiredState
 
 NO_TEAM = "(no team)"

@@ -9,7 +9,10 @@ team past ``maxGpus`` or ``maxPricePerHour`` waits with ``QuotaExceeded``.
 
 from __future__ import annotations
 
+import heapq
+from collections import deque
 from dataclasses import dataclass, field
+from typing import Iterator
 
 from reconciler.core.identity import parse
 from reconciler.core.observed import ObservedWorld
@@ -41,38 +44,88 @@ def placement_order(desired: DesiredState, names: list[str], previous: dict[str,
         return prev.history[0].time if prev is not None and prev.history else "~"
 
     groups: dict[int, list[str]] = {}
+    values: dict = {}  # priority class asked for → its value: a few classes, thousands of runs
     for name in names:
-        groups.setdefault(priority_of(desired, desired.runs.get(name))[0], []).append(name)
+        entry = desired.runs.get(name)
+        wanted = entry.run.spec.priority if entry is not None else None
+        value = values.get(wanted)
+        if value is None:
+            value = values[wanted] = priority_of(desired, entry)[0]
+        groups.setdefault(value, []).append(name)
     for value in sorted(groups, reverse=True):
         group = groups[value]
         if desired.policy is None or quotas is None:
             yield from sorted(group)
             continue
-        queues: dict[str, list[str]] = {}
-        for name in sorted(group, key=lambda n: (since(n), n)):
-            queues.setdefault(quotas.team(name) or "", []).append(name)
-        while queues:
-            team = min(queues, key=lambda t: (quotas.share_used(t), since(queues[t][0]), t))
-            yield queues[team].pop(0)
-            if not queues[team]:
-                del queues[team]
+        yield from _fair(group, quotas, since)
+
+
+def _fair(group: list[str], quotas: "Quotas", since) -> Iterator[str]:
+    """One priority's runs, the team furthest below its share next: a heap of the teams by
+    (share used, their next run's time, name). A team's key changes only when its usage grows or
+    its next run goes, so only those teams are keyed again (marked in ``quotas.changed``); the
+    entries keyed before are skipped when they come up, so the choice is the minimum over every
+    team's current key, as a scan of all of them would find."""
+    queues: dict[str, deque[str]] = {}
+    order = sorted(group)
+    order.sort(key=since)  # stable: by first record, then by name
+    for name in order:
+        queues.setdefault(quotas.team(name) or "", deque()).append(name)
+    keys: dict[str, tuple] = {}
+    heap: list[tuple] = []
+
+    def rekey(team: str) -> None:
+        keys[team] = (quotas.share_used(team), since(queues[team][0]), team)
+        heapq.heappush(heap, keys[team])
+
+    for team in queues:
+        rekey(team)
+    quotas.changed.clear()
+    while queues:  # every team still queued has its current key in the heap, once changes are keyed
+        for team in quotas.changed:
+            if team in queues:
+                rekey(team)
+        quotas.changed.clear()
+        key = heapq.heappop(heap)
+        team = key[2]
+        if keys.get(team) != key:
+            continue  # keyed again since, or done
+        yield queues[team].popleft()
+        if not queues[team]:
+            del queues[team], keys[team]
+        elif team not in quotas.changed:  # else keyed again at the top, with its new usage
+            rekey(team)
 
 
 @dataclass
 class Quotas:
     desired: DesiredState
     usage: dict[str, list[float]] = field(default_factory=dict)  # team → [gpus, price per hour]
+    changed: set[str] = field(default_factory=set)  # teams whose usage grew since placement_order last looked
+    _limits: dict = field(default_factory=dict, repr=False)  # team → its Policy entry (None: not listed)
+    _teams: dict = field(default_factory=dict, repr=False)  # run name → its team (the desired state is fixed)
 
     def team(self, name: str) -> str | None:
+        try:
+            return self._teams[name]  # asked for every comparison and placement: once per run suffices
+        except KeyError:
+            pass
         entry = self.desired.runs.get(name)
         if entry is None or self.desired.policy is None:
-            return None
-        return entry.run.metadata.labels.get(self.desired.policy.spec.teamLabel)
+            team = None
+        else:
+            team = entry.run.metadata.labels.get(self.desired.policy.spec.teamLabel)
+        self._teams[name] = team
+        return team
 
     def limits(self, team: str | None):
         if team is None or self.desired.policy is None:
             return None
-        return next((t for t in self.desired.policy.spec.teams if t.name == team), None)
+        if not self._limits:  # one pass over the Policy's teams, rather than one per look-up
+            for t in reversed(self.desired.policy.spec.teams):  # the first of a name wins, as next() would
+                self._limits[t.name] = t
+            self._limits[None] = None
+        return self._limits.get(team)
 
     @classmethod
     def build(cls, desired: DesiredState, world: ObservedWorld, previous: dict[str, RunStatus]) -> "Quotas":
@@ -122,6 +175,7 @@ class Quotas:
             return
         team = self.team(name) or ""  # "": the runs without a team, together
         u = self.usage.setdefault(team, [0.0, 0.0])
+        self.changed.add(team)
         u[0] += gpus
         u[1] += price
 

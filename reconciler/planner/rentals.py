@@ -8,7 +8,7 @@ Placement, in order (the first that applies wins):
    cheapest first;
 3. a new rental: the cheapest fitting offer of the providers the run may use (ties: fewer GPUs,
    then provider and offer name), unless the run's ``maxCost`` or the provider's limits say no,
-   or the offer failed a GPU check lately.
+   or the offer failed a GPU check or had no capacity lately.
 
 Every rental named as this repository's is then swept: failed ones, ones past ``maxDuration``,
 idle ones past ``idle`` and orphans past ``orphanGrace`` are released. A rental with anything
@@ -18,17 +18,17 @@ in ``world.rentals`` (observation drops them), so they are never touched.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Callable
 
 from reconciler.core.actions import Action
 from reconciler.core.identity import parse
-from reconciler.core.observed import ObservedRental, ObservedWorld
-from reconciler.spec.offers import fits, offer_key, rental_name
-from reconciler.spec.load import DesiredState
-from reconciler.spec.models import Offer
+from reconciler.core.observed import ObservedRental
+from reconciler.core.plan import Change
 from reconciler.core.runstatus import TERMINAL, RunStatus, cost_so_far, iso, parse_iso
+from reconciler.spec.models.provider import Offer
+from reconciler.spec.offers import fits, offer_key, rental_name
 
-LIVE = ("provisioning", "running")
+from .book import LIVE, PlanBook
 
 
 def rental_info(r: ObservedRental, offer: Offer | None = None) -> dict:
@@ -37,87 +37,9 @@ def rental_info(r: ObservedRental, offer: Offer | None = None) -> dict:
     return info
 
 
-@dataclass
-class RentalBook:
-    desired: DesiredState
-    world: ObservedWorld
-    previous: dict[str, RunStatus]
-    now: float
-    namespace: str
-    bad_offers: dict[tuple[str, str], float] = field(default_factory=dict)  # (provider, offer) → until
-    spend: dict[str, float] = field(default_factory=dict)  # provider → what its rentals cost so far
-    held: dict[str, str] = field(default_factory=dict)  # machine → the run holding it
-    released: dict[str, object] = field(default_factory=dict)  # machine → its release change
-    planned: list[tuple[str, float]] = field(default_factory=list)  # (provider, price) of this plan's provisions
-    # The planner's caches for owned machines, kept here because the book lives for one plan:
-    candidates: dict = field(default_factory=dict)  # (placement, target) → the candidate slots
-    no_room: dict = field(default_factory=dict)  # a request that found no room → the reasons
-    rooms: dict = field(default_factory=dict)  # id(candidate list) → its RoomIndex
-    preempted: dict = field(default_factory=dict)  # run name → (Kill, why): stopped for a higher priority
-    _runs_on: dict | None = None  # machine → names of the runs live there or placed there by this plan
-
-    def placed_on(self, machine: str, name: str) -> None:
-        self._on().setdefault(machine, set()).add(name)
-
-    def _on(self) -> dict:
-        if self._runs_on is None:
-            self._runs_on = {}
-            for m in self.world.machines.values():
-                for r in m.runs.values():
-                    p = parse(r.identity)
-                    if r.alive and p is not None:
-                        self._runs_on.setdefault(m.name, set()).add(p.name)
-        return self._runs_on
-
-    def runs_with(self, machine: str, labels: dict[str, str], other_than: str) -> list[str]:
-        """The runs on ``machine`` (live, or placed by this plan) whose labels include ``labels``."""
-        out = []
-        for name in sorted(self._on().get(machine, ())):
-            entry = self.desired.runs.get(name)
-            if name != other_than and entry is not None and all(
-                    entry.run.metadata.labels.get(k) == v for k, v in labels.items()):
-                out.append(name)
-        return out
-
-    def __post_init__(self):
-        for name, st in self.previous.items():
-            m = st.handle.machine if st.handle is not None else None
-            if m in self.world.rentals and st.phase not in TERMINAL:
-                self.held.setdefault(m, name)
-            r = (st.handle.rental or {}) if st.handle is not None else {}
-            # A run still provisioning holds its rental before it has a machine.
-            if st.phase == "Provisioning" and r.get("provider") and r.get("id"):
-                self.held.setdefault(f"{r['provider']}/{r['id']}", name)
-
-    def offer(self, r: ObservedRental) -> Offer | None:
-        p = self.desired.providers.get(r.provider)
-        return next((o for o in p.spec.offers if o.id == r.offer), None) if p is not None else None
-
-    def busy(self, machine: str) -> bool:
-        m = self.world.machines.get(machine)
-        return m is not None and any(x.alive or not x.collected for x in m.runs.values())
-
-    def live(self, provider: str) -> tuple[int, float]:
-        count, price = 0, 0.0
-        for r in self.world.rentals.values():
-            if r.provider == provider and r.state in LIVE and r.machine not in self.released:
-                count += 1
-                price += r.price_per_hour or 0.0
-        for p, pr in self.planned:
-            if p == provider:
-                count += 1
-                price += pr
-        return count, price
-
-    def is_bad(self, provider: str, offer: str | None) -> bool:
-        return offer is not None and self.bad_offers.get((provider, offer), 0) > self.now
-
-
-def place_rental(book: RentalBook, name: str, entry, eff, prev: RunStatus | None, ident: str, action: Action,
+def place_rental(book: PlanBook, name: str, entry, eff, prev: RunStatus | None, ident: str, action: Action,
                  code: str, why: str, stale: list, base: dict, resume_from: str | None,
                  target_any: bool = False) -> list:
-    from .plan import Change
-
     res = eff.resources
     target = None if target_any else eff.target  # an ssh template's fallback: its target names a fleet
     providers = {n: p for n, p in book.desired.providers.items() if target is None or n == target}
@@ -136,6 +58,21 @@ def place_rental(book: RentalBook, name: str, entry, eff, prev: RunStatus | None
                               rental=dict(rental_info(r, offer), verify=verify), **base)]
 
     # 1. what this run holds, or what was provisioned under its identity
+    out = _held(book, name, prev, ident, res, providers, side, stale, base, launch_on)
+    if out is not None:
+        return out
+    # 2. a warm rental nobody holds
+    out = _warm(book, res, providers, launch_on)
+    if out is not None:
+        return out
+    # 3. a new rental
+    return _new(book, name, entry, prev, ident, res, providers, side, why, stale, base)
+
+
+def _held(book: PlanBook, name: str, prev: RunStatus | None, ident: str, res, providers: dict, side: list,
+          stale: list, base: dict, launch_on: Callable) -> list | None:
+    """The rental the run holds, or one provisioned under its identity: waited for while it is
+    provisioning, launched on once it runs; one past ``provisionTimeout`` is given back (in ``side``)."""
     held_m = prev.handle.machine if prev is not None and prev.handle is not None and prev.phase not in TERMINAL else None
     prov = (prev.handle.rental or {}) if prev is not None and prev.handle is not None else {}
     mine: list[ObservedRental] = []
@@ -165,7 +102,11 @@ def place_rental(book: RentalBook, name: str, entry, eff, prev: RunStatus | None
                                   rental=rental_info(r, offer), **base)]
         if r.host and r.port:
             return launch_on(r, f"on rental {r.machine} ({r.offer})")
-    # 2. a warm rental nobody holds
+    return None
+
+
+def _warm(book: PlanBook, res, providers: dict, launch_on: Callable) -> list | None:
+    """The cheapest warm rental nobody holds whose offer fits, or None."""
     warm = []
     for r in book.world.rentals.values():
         offer = book.offer(r)
@@ -181,7 +122,13 @@ def place_rental(book: RentalBook, name: str, entry, eff, prev: RunStatus | None
         out[-1].considered = [f"{r.machine}: chosen (warm rental, {r.offer} at {r.price_per_hour:g}/h)"] + [
             f"{x.machine}: warm, ranked lower ({x.offer} at {x.price_per_hour:g}/h)" for _, _, x in warm[1:]]
         return out
-    # 3. a new rental
+    return None
+
+
+def _new(book: PlanBook, name: str, entry, prev: RunStatus | None, ident: str, res, providers: dict, side: list,
+         why: str, stale: list, base: dict) -> list:
+    """A new rental: the cheapest fitting offer the run's cost, the quotas and the providers' limits
+    allow; else the wait, with every offer's reason (after ``side``: the releases placement decided)."""
     cost = cost_so_far(prev, book.now) if prev is not None else 0.0
     max_cost = entry.run.spec.maxCost
     if max_cost is not None and cost >= max_cost:
@@ -204,7 +151,8 @@ def place_rental(book: RentalBook, name: str, entry, eff, prev: RunStatus | None
             blocked.append(f"{pn}: inventory unknown ({book.world.provider_errors[pn]})")
             continue
         if book.is_bad(pn, o.id):
-            blocked.append(f"{pn}/{o.id}: failed a GPU check until {iso(book.bad_offers[(pn, o.id)])}")
+            blocked.append(f"{pn}/{o.id}: set aside until {iso(book.bad_offers[(pn, o.id)])} "
+                           "(it failed a GPU check or had no capacity)")
             continue
         lim = p.spec.limits
         count, price = book.live(pn)
@@ -241,18 +189,43 @@ def place_rental(book: RentalBook, name: str, entry, eff, prev: RunStatus | None
                           considered=blocked, **base)]
 
 
-def _release(book: RentalBook, r: ObservedRental, who: str, code: str, why: str):
-    from .plan import Change
-
+def _release(book: PlanBook, r: ObservedRental, who: str, code: str, why: str):
     c = Change(who, Action.RELEASE, code, why, None, machine=r.machine, rental=rental_info(r))
     book.released[r.machine] = c
     return c
 
 
-def sweep(book: RentalBook, plan, warnings: list[str]) -> list:
+def _never_ran_on(book: PlanBook, name: str, machine: str) -> bool:
+    st = book.previous.get(name)
+    return st is None or st.handle is None or st.handle.machine != machine
+
+
+def _ended_by_name(book: PlanBook, plan, ended: dict[str, float]) -> None:
+    """Rentals whose run has ended though it never ran on them (its spec was removed, or it was
+    stopped, while the rental was provisioning): the rental's name says whose it is, and the
+    reconciler knows that run is over, so the provider's ``idle`` applies from the run's end (this
+    pass when this plan ends it), not ``orphanGrace``, which is for rentals nobody can account for."""
+    final = {c.name: c for c in plan.changes if c.phase is not None}
+    for m, r in book.world.rentals.items():
+        p = parse(r.identity) if m not in ended else None
+        c = final.get(p.name) if p is not None else None
+        if c is None or c.phase not in TERMINAL:
+            continue
+        st = book.previous.get(p.name)
+        if st is not None and st.phase in TERMINAL and st.history:
+            ended[m] = parse_iso(st.history[-1].time) or book.now
+        else:
+            ended[m] = book.now
+
+
+def sweep(book: PlanBook, plan, warnings: list[str]) -> list:
     """Release what nobody needs: failed, too old, idle too long, or nobody's."""
     out = []
-    holding = dict(book.held)
+    final = {c.name: c for c in plan.changes if c.phase is not None}
+    # A run still provisioning holds its rental; one this plan ends (its spec removed, or
+    # stopped) no longer does, and the rental's name still says whose it was (_ended_by_name).
+    holding = {m: who for m, who in book.held.items()
+               if not (who in final and final[who].phase in TERMINAL and _never_ran_on(book, who, m))}
     for c in plan.changes:
         if c.phase is not None and c.phase not in TERMINAL:
             m = c.machine or (f"{c.rental['provider']}/{c.rental['id']}" if c.rental and c.rental.get("id") else None)
@@ -265,6 +238,7 @@ def sweep(book: RentalBook, plan, warnings: list[str]) -> list:
             t = parse_iso(st.history[-1].time) if st.history else None
             ended[m] = max(ended.get(m, 0.0), t or 0.0)
     current = {c.identity: c for c in plan.changes if c.phase is not None and c.identity}
+    _ended_by_name(book, plan, ended)
     for m, r in sorted(book.world.rentals.items()):
         if (m in book.released or r.state in ("terminating", "terminated")
                 or r.provider in book.desired.invalid_providers):
@@ -297,6 +271,7 @@ def sweep(book: RentalBook, plan, warnings: list[str]) -> list:
                                     f"(idle {spec.spec.idle:g}s); giving it back"))
             continue
         until = (r.created_at or book.now) + spec.spec.orphanGrace
+        plan.orphans[m] = until
         if book.now >= until:
             out.append(_release(book, r, who, "Orphan", f"{m} ({r.name}) is named as this repository's but no "
                                 f"run claims it; giving it back"))

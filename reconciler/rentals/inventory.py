@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import threading
 import time
@@ -26,6 +27,7 @@ from reconciler.spec.load import DesiredState
 
 log = logging.getLogger("reconciler")
 BAD_OFFER_SECONDS = 1800.0
+BAD_OFFERS_FILE = "bad-offers.json"  # under the state folder (.reconciler/, git-ignored)
 
 
 class Providers:
@@ -35,7 +37,11 @@ class Providers:
     def __init__(self, repo: Path, state_dir: Path, secret_source: Callable[[str], str | None]):
         self.ctx = AdapterContext(secret_source=secret_source, state_dir=state_dir, repo=repo)
         self._adapters: dict[str, tuple[str, object]] = {}
-        self.bad_offers: dict[tuple[str, str], float] = {}
+        # Offers set aside (failed GPU check, no capacity): kept in the state folder too, so that
+        # a `reconcile --once` from cron remembers them as the daemon does and does not rent the
+        # same bad offer again on every run.
+        self._bad_path = Path(state_dir) / BAD_OFFERS_FILE if state_dir is not None else None
+        self.bad_offers: dict[tuple[str, str], float] = _read_bad_offers(self._bad_path, time.time())
         self._lock = threading.Lock()
 
     def sync(self, desired: DesiredState) -> None:
@@ -67,8 +73,18 @@ class Providers:
             return sum(getattr(a, "calls", 0) for _, a in self._adapters.values())
 
     def mark_bad(self, provider: str, offer: str | None, seconds: float = BAD_OFFER_SECONDS) -> None:
-        if offer:
-            self.bad_offers[(provider, offer)] = time.time() + seconds
+        if not offer:
+            return
+        now = time.time()
+        with self._lock:
+            # Another process may have set offers aside since this one read the file: keep theirs.
+            merged = _read_bad_offers(self._bad_path, now)
+            for key, until in self.bad_offers.items():
+                if until > now:
+                    merged[key] = max(until, merged.get(key, 0.0))
+            merged[(provider, offer)] = max(now + (seconds or BAD_OFFER_SECONDS), merged.get((provider, offer), 0.0))
+            self.bad_offers = merged
+            _write_bad_offers(self._bad_path, merged)
 
     def identity_file(self, provider: str) -> str | None:
         a = self.get(provider)
@@ -103,8 +119,8 @@ class Providers:
             # Every adapter's ids, checked once more here (the command adapter's come from a
             # program's output): a bad one is left out with the reason in the log.
             for r in valid_rentals(name, items):
-                parsed = parse_rental_name(r.name)
-                if parsed is None or parsed.namespace != namespace or r.state == "terminated":
+                parsed = parse_rental_name(r.name, namespace)
+                if parsed is None or r.state == "terminated":
                     continue  # not this repository's: never looked at again
                 machine = f"{name}/{r.id}"
                 rentals[machine] = ObservedRental(
@@ -113,6 +129,48 @@ class Providers:
                     created_at=r.created_at, offer=r.offer, message=r.message, workspace_root=r.workspace_root,
                     host_key=r.host_key)
         return rentals, errors
+
+
+def _read_bad_offers(path: Path | None, now: float) -> dict[tuple[str, str], float]:
+    """The offers still set aside; a missing, unreadable or malformed file (or entry) counts as
+    none set aside: the worst that costs is one more rental of a bad offer."""
+    if path is None:
+        return {}
+    try:
+        doc = json.loads(path.read_text())
+        entries = doc.get("offers") if isinstance(doc, dict) else None
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        log.warning("%s unreadable (%s); no offer is set aside", path, e)
+        return {}
+    out: dict[tuple[str, str], float] = {}
+    for e in entries if isinstance(entries, list) else []:
+        try:
+            key, until = (str(e["provider"]), str(e["offer"])), float(e["until"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if until > now:
+            out[key] = max(until, out.get(key, 0.0))
+    return out
+
+
+def _write_bad_offers(path: Path | None, bad: dict[tuple[str, str], float]) -> None:
+    """Written whole to a temporary file renamed over the old one: a reader (or a kill -9) never
+    sees half a file."""
+    if path is None:
+        return
+    doc = {"offers": [{"provider": p, "offer": o, "until": round(u, 3)} for (p, o), u in sorted(bad.items())]}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        ignore = path.parent / ".gitignore"
+        if not ignore.exists():  # the state folder is never committed, even where .gitignore forgot it
+            ignore.write_text("*\n")
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:  # this process still remembers them
+        log.warning("%s not written: %s", path, e)
 
 
 def fetch_host_key(host: str, port: int, timeout: float = 5.0) -> str:

@@ -98,12 +98,7 @@ def _err(exc: BaseException) -> str:
 
 def _s(value):
     """NVML returns bytes in old pynvml releases and str in new ones."""
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return value
-
-
-# --------------------------------------------------------------------------- collection
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 def collect_python() -> dict:
@@ -253,9 +248,6 @@ def collect_nvml() -> dict:
     return info
 
 
-# --------------------------------------------------------------------------- fork identity
-
-
 def _tree_files(package_dir: str):
     for dirpath, dirnames, filenames in os.walk(package_dir):
         dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
@@ -377,9 +369,6 @@ def write_fork_manifest(package_dir: str, name: str, version, commit, root) -> d
     return manifest
 
 
-# --------------------------------------------------------------------------- output
-
-
 def _atomic_write(path: str, text: str) -> None:
     path = os.path.abspath(path)
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -394,8 +383,7 @@ def render_log(report: dict) -> str:
         value = report.get(section)
         return value if isinstance(value, dict) else {}
 
-    head = "precheck " + ("OK" if report["ok"] else "FAILED")
-    lines = [head + (f": {report['reason']}" if report["reason"] else "")]
+    lines = ["precheck " + ("OK" if report["ok"] else "FAILED") + (f": {report['reason']}" if report["reason"] else "")]
     py, pl = get("python"), get("platform")
     lines.append(f"python: {py.get('executable')} ({py.get('realpath')}) {py.get('implementation')} "
                  f"{py.get('version')}")

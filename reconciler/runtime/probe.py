@@ -1,11 +1,13 @@
-"""The machine agent: one call reports every run workspace on a machine, as JSON; it also stops runs.
+"""The machine agent: one call reports every run workspace on a machine, as JSON; its entry point.
 
 Observing must cost one round trip per machine per pass, however many runs it holds, so this
 script does all the looking on the machine itself: it lists the workspace root, reads each
 interesting workspace's ``runtime/`` files, scans ``/proc`` once for live process groups, asks
 docker once about every container, and prints one JSON document. The reconciler runs it in-process
-for this machine and sends its source over SSH (``python3 -``) for others. Standard library only:
-it runs with whatever python3 the execution plane has.
+for this machine and sends its source over SSH (``python3 -``) for others, together with its
+siblings (``readings.py``: the guarded reads; ``slurm.py``: the Slurm half; ``stop.py``: stopping
+runs), which it imports by their bare names (``reconciler/runtime/__init__.py`` says why). Standard
+library only: it runs with whatever python3 the execution plane has.
 
 Which workspaces are reported: those of the run names asked for (any generation or attempt), and
 every workspace of any name that is not yet collected (a process that may still be alive, possibly
@@ -18,8 +20,7 @@ only ever adopted under the spec it was built from. A workspace that was staged 
 reconciler either finishes launching it or removes it.
 
 A workspace submitted to Slurm (``runtime/slurm.json``) is judged by Slurm, not by a local pid: its
-job runs on another node. One ``squeue`` per cluster answers for all of them (queued, with Slurm's
-reason; running; ended), and ``scontrol show job`` for a job that ended without the wrapper's result.
+job runs on another node (``slurm.py``: one ``squeue`` per cluster answers for all of them).
 
 The report also says what the machine itself asks for: a drain flag (``~/.reconciler/drain`` of
 the login, written by ``reconcile agent drain`` on the machine: nothing new starts there) and,
@@ -37,6 +38,10 @@ import subprocess
 import sys
 import time
 
+from .readings import MAX_TIME, _docker_states, _num, _process_groups, _read, _result, _small_int, group_alive
+from .slurm import _slurm_runs
+from .stop import finish, terminate
+
 IDENTITY = re.compile(r"^(?P<name>[a-z0-9]([-a-z0-9]*[a-z0-9])?)-g(?P<gen>[0-9]+)-a(?P<attempt>[0-9]+)"
                       r"(-n[0-9]+)?\Z")  # identity.py's: a node of a run on several machines ends in -n<rank>
 TAIL_BYTES = 8192
@@ -44,98 +49,11 @@ PRECHECK_EXIT = 3  # precheck.py: the environment does not match the spec
 DRAIN_FILE = os.path.join("~", ".reconciler", "drain")
 
 
-def _read(path, limit=65536):
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(limit).decode("utf-8", "replace")
-    except OSError:
-        return None
-
-
-def _process_groups():
-    """pgid → pids of its live (non-zombie) processes, from one scan of /proc."""
-    groups = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return groups
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        stat = _read(f"/proc/{entry}/stat", 4096)
-        if not stat:
-            continue
-        # comm may contain spaces and parentheses: fields start after the last ')'.
-        rest = stat[stat.rfind(")") + 2:].split()
-        if len(rest) < 3 or rest[0] in ("Z", "X"):
-            continue
-        groups.setdefault(int(rest[2]), []).append(int(entry))
-    return groups
-
-
-def _mentions(pid, identity):
-    needle = identity.encode()
-    for name in ("cmdline", "environ"):
-        try:
-            with open(f"/proc/{pid}/{name}", "rb") as fh:
-                if needle in fh.read():
-                    return True
-        except OSError:
-            continue
-    return False
-
-
-def group_alive(pgid, identity, groups=None):
-    """Whether process group ``pgid`` has a live member carrying ``identity`` (in its argv or
-    environment), so a recycled pgid never counts. ``groups``: a scan to reuse (one per probe)."""
-    members = (_process_groups() if groups is None else groups).get(pgid) or []
-    return any(_mentions(pid, identity) for pid in members)
-
-
-# The longest any one tool may take to answer a probe: well inside the reconciler's probe timeout
-# (ssh_probe_timeout, 30 s by default), so a hung docker or squeue makes its runs "unknown" instead
-# of making the whole machine unreachable (after a grace, its runs would be declared lost).
-TOOL_TIMEOUT = 15
-
-
-def _docker_states(names):
-    if not names:
-        return {}
-    try:
-        proc = subprocess.run(
-            ["docker", "inspect", "--type", "container", "--format",
-             '{{.Name}} {{.State.Status}} {{.State.ExitCode}} {{.State.Running}}'] + sorted(names),
-            capture_output=True, text=True, timeout=TOOL_TIMEOUT,
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return {"__error__": str(e)}
-    out = {}
-    for line in proc.stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 4:
-            code = parts[2].lstrip("-")
-            code = int(parts[2]) if code.isascii() and code.isdigit() and len(code) <= 10 else -1
-            out[parts[0].lstrip("/")] = {"status": parts[1][:40], "exit_code": code, "running": parts[3] == "true"}
-    return out
-
-
 PROGRESS_SCAN_LIMIT = 4 << 20  # bytes read backwards at most to find the last step line
 
 
 def _iso(ts):
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
-
-
-MAX_NUMBER = 1e30  # a progress number beyond this (or NaN, or an infinity) is garbage, not a value
-
-
-def _num(v):
-    """A finite number of sane size, else None: a job's log may say NaN, 1e999 or 10**4000."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    if isinstance(v, int):
-        return v if -MAX_NUMBER < v < MAX_NUMBER else None
-    return v if v == v and -MAX_NUMBER < v < MAX_NUMBER else None
 
 
 def normalize_progress(rec, updated_at):
@@ -320,15 +238,6 @@ def _unreadable(ws, e):
             "message": ("the probe could not read this workspace: %s: %s" % (type(e).__name__, e))[:300]}
 
 
-def _small_int(text, digits=10):
-    """A non-negative decimal integer of at most ``digits`` digits (a job may write anything in
-    its files: a 5,000-digit number must not reach int(), which refuses more than 4,300)."""
-    text = text.strip() if isinstance(text, str) else ""
-    if 0 < len(text) <= digits and text.isascii() and text.isdigit():
-        return int(text)
-    return None
-
-
 def _timestamp(text):
     """Unix seconds from a file the wrapper wrote ("1700000000" or "1700000000.25"), or None."""
     text = text.strip() if isinstance(text, str) else ""
@@ -336,35 +245,6 @@ def _timestamp(text):
         return None
     t = float(text)
     return t if 0 <= t < MAX_TIME else None
-
-
-MAX_TIME = 1e11  # unix seconds far beyond any real clock: a larger "time" is garbage
-RESULT_STATES = ("succeeded", "failed", "terminated")
-
-
-def _result(res, rt):
-    """The fields of a parsed runtime/result.json. Anything but an object with a known state is
-    not a result the wrapper wrote: the run failed, and the message says why."""
-    if not isinstance(res, dict):
-        return {"state": "failed", "message": "runtime/result.json is not a JSON object"}
-    out = {}
-    state = res.get("state", "failed")
-    if state not in RESULT_STATES:
-        out["state"], out["message"] = "failed", "runtime/result.json has no known state"
-    else:
-        out["state"] = state
-    code = res.get("exit_code")
-    out["exit_code"] = code if isinstance(code, int) and not isinstance(code, bool) and -2**31 <= code < 2**31 else None
-    fin = _num(res.get("finished_ts"))
-    out["finished_at"] = fin if fin is not None and 0 <= fin < MAX_TIME else None
-    if "message" not in out:
-        why = res.get("message")
-        why = why if isinstance(why, str) and why else (_read(os.path.join(rt, "launch.err"), 600) or "").strip()
-        if why and out["state"] != "succeeded":
-            out["message"] = why[:300]
-    if res.get("permanent") is True:  # the launcher found the instance can never start
-        out["permanent"] = True
-    return out
 
 
 def _workspace(entry, name, ws, names, now, scan):
@@ -377,21 +257,7 @@ def _workspace(entry, name, ws, names, now, scan):
         return None
     run = {"workspace": ws, "collected": collected}
     pending = None
-    job = _read(os.path.join(ws, "job.json"), 1 << 20)
-    if job:
-        try:
-            payload = json.loads(job).get("payload", {})
-            gpus = payload.get("gpus", [])
-            run["gpus"] = [g for g in gpus if isinstance(g, int)][:64] if isinstance(gpus, list) else []
-            digest = payload.get("spec_digest")
-            run["spec_digest"] = digest if isinstance(digest, str) and len(digest) < 200 else None
-            gang = payload.get("gang")
-            if gang and isinstance(gang, dict):  # {rank, of, machines}: one node of a run on several machines
-                machines = gang.get("machines")
-                run["gang"] = {"rank": gang.get("rank"), "of": gang.get("of"),
-                               "machines": [str(x)[:253] for x in machines[:1024]] if isinstance(machines, list) else []}
-        except (ValueError, AttributeError, RecursionError):
-            pass
+    _job_fields(ws, run)
     started = _timestamp(_read(os.path.join(rt, "started_at"), 64))
     if started is not None:
         run["started_at"] = started
@@ -440,310 +306,46 @@ def _workspace(entry, name, ws, names, now, scan):
     state = run.get("state")
     if name in names and (state in ("running", None)
                           or state in ("succeeded", "failed") and not run["collected"]):
-        # Progress and checkpoints describe the run; they never decide its state. Unreadable
-        # ones are left out, and the run is reported as it is.
-        try:
-            prog = _progress(ws)
-        except Exception:  # noqa: BLE001
-            prog = None
-        if prog:
-            run["progress"] = prog
-        if state in ("running", None):
-            try:
-                ckpts = _checkpoints(ws)
-            except Exception:  # noqa: BLE001
-                ckpts = None
-            if ckpts:
-                run["checkpoints"] = ckpts[-100:]
+        _describe(ws, run, state)
     return run, pending
 
 
-# Slurm job states (squeue %T). Queued: not started yet, the reason says why. Active: started, not
-# ended. Anything else has ended; an ended job normally left the wrapper's result.json.
-SLURM_QUEUED = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD")
-SLURM_ACTIVE = ("CONFIGURING", "RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING", "SUSPENDED",
-                "STOPPED")
-SLURM_STARTING = 30  # seconds a submission may take to show up in squeue
-
-
-def _slurm_env(text):
-    try:
-        env = json.loads(text).get("env") or {}
-    except (ValueError, AttributeError, RecursionError):
-        env = {}
-    if not isinstance(env, dict):
-        return {}
-    return {str(k): str(v) for k, v in env.items() if isinstance(v, (str, int, float))}
-
-
-def _slurm(argv, env, timeout=30):
-    """Run a Slurm command; (exit code, stdout, stderr). A missing command reads as a failure."""
-    try:
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env})
-    except (OSError, subprocess.SubprocessError) as e:
-        return 127, "", str(e)
-    return r.returncode, r.stdout, r.stderr
-
-
-def slurm_jobs(names, env):
-    """name → its jobs Slurm still knows, newest first: [{id, state, reason}]; None when squeue fails."""
-    if not names:
-        return {}
-    rc, out, err = _slurm(["squeue", "-h", "-t", "all", "-o", "%i|%j|%T|%r", "-n", ",".join(sorted(names))], env,
-                          TOOL_TIMEOUT)
-    if rc != 0:
-        return None
-    jobs = {}
-    for line in out.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) == 4 and parts[1] in names:
-            jobs.setdefault(parts[1], []).append({"id": parts[0], "state": parts[2], "reason": parts[3]})
-    for found in jobs.values():
-        found.sort(key=lambda j: _small_int(j["id"], 18) or 0, reverse=True)
-    return jobs
-
-
-def _scontrol_job(job_id, env):
-    """What scontrol still says of a job: {JobState, ExitCode, Reason}; {} when it forgot it."""
-    rc, out, _ = _slurm(["scontrol", "-o", "show", "job", job_id], env)
-    if rc != 0:
-        return {}
-    fields = dict(f.split("=", 1) for f in out.split() if "=" in f)
-    return {k: fields.get(k, "") for k in ("JobState", "ExitCode", "Reason")}
-
-
-def _slurm_ended(run, ws, job_id, state, env):
-    """A job Slurm reports ended while its wrapper left no result (killed before or under it)."""
-    text = _read(os.path.join(ws, "runtime", "result.json"))
-    if text is not None:  # written between the first read and squeue's answer
+def _job_fields(ws, run):
+    """What ``job.json`` says of the workspace (its GPUs, spec digest, gang), into ``run``."""
+    job = _read(os.path.join(ws, "job.json"), 1 << 20)
+    if job:
         try:
-            res = json.loads(text)
-        except (ValueError, RecursionError):
-            pass
-        else:
-            run.update(_result(res, os.path.join(ws, "runtime")))
-            return
-    info = _scontrol_job(job_id, env) if job_id else {}
-    if not info and state == "gone":
-        run.update(state="lost", message=f"Slurm no longer knows job {job_id} and it left no result")
-        return
-    state = info.get("JobState") or state
-    code = info.get("ExitCode", "")
-    exit_code = _small_int(code.split(":")[0], 9)
-    if state == "CANCELLED":
-        run.update(state="terminated", exit_code=143, message=f"Slurm job {job_id} was cancelled")
-    else:
-        reason = info.get("Reason") or ""
-        run.update(state="failed", exit_code=exit_code if exit_code else 1,
-                   message=f"Slurm job {job_id} ended {state}" + (f" ({reason})" if reason and reason != "None"
-                                                                  else "") + " without a result")
-
-
-def _slurm_runs(pending, now):
-    """Judge Slurm workspaces with one squeue call per cluster (the jobs' environment names it)."""
-    by_env = {}
-    for entry, ws, run, text in pending:
-        env = _slurm_env(text)
-        by_env.setdefault(json.dumps(env, sort_keys=True), (env, []))[1].append((entry, ws, run))
-    for env, items in by_env.values():
-        jobs = slurm_jobs({entry for entry, _, _ in items}, env)
-        for entry, ws, run in items:
-            rt = os.path.join(ws, "runtime")
-            recorded = (_read(os.path.join(rt, "slurm_job")) or "").strip()
-            launched = _read(os.path.join(rt, "launched_at"))
-            if jobs is None:
-                run["state"], run["message"] = "unknown", "squeue did not answer"
-                continue
-            found = jobs.get(entry) or []
-            job = next((j for j in found if j["id"] == recorded), found[0] if found else None)
-            if job is not None:
-                run["slurm_job"] = job["id"]
-                if job["state"] in SLURM_QUEUED:
-                    run["state"] = "running"
-                    run["queued"] = job["reason"] if job["reason"] not in ("", "None") else "waiting to be scheduled"
-                elif job["state"] in SLURM_ACTIVE:
-                    run["state"] = "running"
-                else:
-                    _slurm_ended(run, ws, job["id"], job["state"], env)
-            elif launched is None:
-                run["state"] = "staged"
-            elif recorded:
-                run["slurm_job"] = recorded
-                _slurm_ended(run, ws, recorded, "gone", env)
-            else:
-                young = launched.strip().replace(".", "", 1).isdigit() and now - float(launched) < SLURM_STARTING
-                run["state"] = "running" if young else "lost"
-                if not young:
-                    run["message"] = "submitted, but Slurm has no job of this name and there is no result"
-
-
-def _slurm_terminate(ws, identity, text, grace):
-    """scancel the identity's job (by id, else by name) and wait for it to end; Slurm signals every
-    step on every node, so no process of the run survives on any of them."""
-    env = _slurm_env(text)
-    out = {"identity": identity, "was_alive": False}
-
-    def active():
-        return [j for j in (slurm_jobs({identity}, env) or {}).get(identity, [])
-                if j["state"] in SLURM_QUEUED + SLURM_ACTIVE]
-
-    if not active():
-        return out
-    out["was_alive"] = True
-    rc, _, err = _slurm(["scancel", "-n", identity], env)
-    if rc != 0:
-        out["error"] = f"scancel failed: {err.strip()[:200]}"
-        return out
-    deadline = time.time() + grace
-    while active() and time.time() < deadline:
-        time.sleep(0.2)
-    if active():
-        _slurm(["scancel", "--signal=KILL", "--full", "-n", identity], env)
-        out["killed"] = True
-        deadline = time.time() + 10
-        while active() and time.time() < deadline:
-            time.sleep(0.2)
-    return out
-
-
-def _write_result(ws, state, code, message):
-    rt = os.path.join(ws, "runtime")
-    os.makedirs(rt, exist_ok=True)
-    tmp = os.path.join(rt, "result.json.tmp")
-    with open(tmp, "w") as fh:
-        json.dump({"state": state, "exit_code": code, "finished_ts": time.time(), "message": message}, fh)
-    os.replace(tmp, os.path.join(rt, "result.json"))
-
-
-def terminate(ws, identity, grace=10.0):
-    """Stop an instance and everything it started; idempotent. Returns what it found and did.
-
-    Host processes: SIGTERM to the process group (the wrapper records "terminated"), then SIGKILL
-    to whatever is left after the grace period. Only a group whose members carry the identity is
-    signalled, so a recycled pid is never hit. Containers: docker stop, then docker rm -f. Slurm
-    jobs: scancel (SIGTERM to every step on every node), then SIGKILL after the grace period.
-    """
-    ws = os.path.expanduser(ws)
-    rt = os.path.join(ws, "runtime")
-    out = {"identity": identity, "was_alive": False}
-    container = _read(os.path.join(rt, "container"))
-    slurm = _read(os.path.join(rt, "slurm.json"))
-    if slurm is not None:
-        out = _slurm_terminate(ws, identity, slurm, grace)
-        if out.get("error"):
-            return out
-    elif container:
-        name = container.strip()
-        st = _docker_states([name]).get(name)
-        out["was_alive"] = bool(st and st.get("running"))
-        subprocess.run(["docker", "stop", "-t", str(int(grace)), name], capture_output=True, timeout=grace + 30)
-        subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=60)
-    else:
-        pid_text = _read(os.path.join(rt, "pid"))
-        if pid_text and pid_text.strip().isdigit():
-            pgid = int(pid_text.strip())
-            if group_alive(pgid, identity):
-                out["was_alive"] = True
-                if not _signal(pgid, 15):
-                    out["error"] = f"not permitted to signal process group {pgid}"
-                    return out
-                if not _gone_within(pgid, identity, grace):
-                    _signal(pgid, 9)
-                    out["killed"] = True
-                    _gone_within(pgid, identity, 5)
-    if slurm is None and not container:
-        # Processes that left the group (torchrun starts each worker in a session of its own):
-        # they still carry the identity in their environment, and go with it.
-        strays = _carrying(identity)
-        if strays:
-            out["was_alive"] = True
-            _signal_pids(strays, 15)
-            deadline = time.time() + grace
-            while _carrying(identity) and time.time() < deadline:
-                time.sleep(0.05)
-            left = _carrying(identity)
-            if left:
-                _signal_pids(left, 9)
-                out["killed"] = True
-    if os.path.isdir(ws) and not os.path.exists(os.path.join(rt, "result.json")):
-        _write_result(ws, "terminated", 137 if out.get("killed") else 143, "terminated by the reconciler")
-    _drop_secrets(rt)
-    return out
-
-
-def _carrying(identity):
-    """Live processes whose environment says they belong to ``identity`` (exactly that one)."""
-    needle = f"RECONCILER_IDENTITY={identity}\0".encode()
-    me = os.getpid()
-    found = []
-    for pids in _process_groups().values():
-        for pid in pids:
-            if pid == me:
-                continue
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as fh:
-                    env = b"\0" + fh.read() + b"\0"
-            except OSError:
-                continue
-            if b"\0" + needle in env:
-                found.append(pid)
-    return found
-
-
-def _signal_pids(pids, sig):
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
+            payload = json.loads(job).get("payload", {})
+            gpus = payload.get("gpus", [])
+            run["gpus"] = [g for g in gpus if isinstance(g, int)][:64] if isinstance(gpus, list) else []
+            digest = payload.get("spec_digest")
+            run["spec_digest"] = digest if isinstance(digest, str) and len(digest) < 200 else None
+            gang = payload.get("gang")
+            if gang and isinstance(gang, dict):  # {rank, of, machines}: one node of a run on several machines
+                machines = gang.get("machines")
+                run["gang"] = {"rank": gang.get("rank"), "of": gang.get("of"),
+                               "machines": [str(x)[:253] for x in machines[:1024]] if isinstance(machines, list) else []}
+        except (ValueError, AttributeError, RecursionError):
             pass
 
 
-def _gone_within(pgid, identity, seconds):
-    """Poll until the group no longer carries ``identity``; whether it went within ``seconds``."""
-    deadline = time.time() + seconds
-    while group_alive(pgid, identity):
-        if time.time() >= deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def _signal(pgid, sig):
-    """Signal a process group; False only when it is not ours to signal."""
+def _describe(ws, run, state):
+    """A run's progress and checkpoints, into ``run``."""
+    # Progress and checkpoints describe the run; they never decide its state. Unreadable
+    # ones are left out, and the run is reported as it is.
     try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
-    except PermissionError:
-        return False
-    return True
-
-
-def _drop_secrets(rt):
-    try:
-        os.remove(os.path.join(rt, "secrets.env"))
-    except OSError:
-        pass
-
-
-def finish(ws, remove=False):
-    """After collection: forget the container, mark the workspace collected (or remove it)."""
-    ws = os.path.expanduser(ws)
-    rt = os.path.join(ws, "runtime")
-    container = _read(os.path.join(rt, "container"))
-    if container:
-        subprocess.run(["docker", "rm", "-f", container.strip()], capture_output=True, timeout=60)
-    _drop_secrets(rt)
-    if remove:
-        import shutil
-
-        shutil.rmtree(ws, ignore_errors=True)
-        return {"removed": True}
-    if os.path.isdir(ws):  # a workspace staged but never started has no runtime/ yet
-        os.makedirs(rt, exist_ok=True)
-        with open(os.path.join(rt, "collected"), "w") as fh:
-            fh.write(str(time.time()))
-    return {"removed": False}
+        prog = _progress(ws)
+    except Exception:  # noqa: BLE001
+        prog = None
+    if prog:
+        run["progress"] = prog
+    if state in ("running", None):
+        try:
+            ckpts = _checkpoints(ws)
+        except Exception:  # noqa: BLE001
+            ckpts = None
+        if ckpts:
+            run["checkpoints"] = ckpts[-100:]
 
 
 def drain_state(path=DRAIN_FILE):

@@ -21,8 +21,14 @@ from pydantic import BaseModel, ValidationError
 
 from reconciler.core.diagnostics import Diagnostic, relpath
 from reconciler.core import yamlsafe
-from .checks import secret_values
-from .models import DNS_LABEL, KINDS, ExecutionTemplate, Fleet, Policy, Provider, Run, is_dns_label
+from .checks.secrets import secret_values
+from .models import KINDS
+from .models.common import DNS_LABEL, is_dns_label
+from .models.fleet import Fleet
+from .models.policy import Policy
+from .models.provider import Provider
+from .models.run import Run
+from .models.template import ExecutionTemplate
 
 SPEC_DIRS = ("specs", "execution_templates")
 

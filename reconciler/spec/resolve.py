@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .models import ExecutionTemplate, Resources, Run
+from .models.common import Resources
+from .models.run import Run
+from .models.template import ExecutionTemplate
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,49 @@ class Effective:
     selector: dict[str, str] = field(default_factory=dict)
 
 
-def effective(run: Run, template: ExecutionTemplate) -> Effective:
+def effective(run: Run, template: ExecutionTemplate, memo: dict | None = None) -> Effective:
+    """``memo``: a dict the caller keeps for as long as the templates do not change (one plan):
+    runs of one template whose overrides are equal share one Effective (treat it as read-only),
+    since building it (dumping and revalidating the models) is most of the cost when thousands
+    of runs are resolved."""
+    if memo is None:
+        return _effective(run, template)
+    key = _key(run, template)
+    if key is None:
+        return _effective(run, template)
+    found = memo.get(key)
+    if found is None or found[0] is not template:  # the template object pins id(template)
+        found = memo[key] = (template, _effective(run, template))
+    return found[1]
+
+
+_KEYED = {"target", "resources", "runtime_env", "image", "detach", "selector"}  # what _key reads of Overrides
+
+
+def _key(run: Run, template: ExecutionTemplate) -> tuple | None:
+    """Everything of the run its Effective depends on (the template aside), hashable; None when
+    a value is not, or the overrides have fields _key does not know (that run is resolved on its
+    own)."""
+    o = run.spec.overrides
+    if o.__dict__.keys() != _KEYED:
+        return None
+    r = o.resources
+    res = None
+    if r is not None:
+        res = tuple(r.__dict__.values())
+        if r.gpu_types is not None:
+            res = tuple(tuple(x) if isinstance(x, list) else x for x in res)
+    key = (id(template), o.target, o.image, o.detach, res,
+           None if o.runtime_env is None else tuple(o.runtime_env.items()),
+           None if o.selector is None else tuple(o.selector.items()))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _effective(run: Run, template: ExecutionTemplate) -> Effective:
     d, o = template.defaults, run.spec.overrides
     res = d.resources.model_dump()
     if o.resources is not None:

@@ -9,23 +9,23 @@ fails when the committed files drifted from the models. Four files:
 
 Pydantic writes the fields (with their descriptions, bounds and the schema-only patterns the models
 declare); this module adds what pydantic cannot say, each a rule the code also checks with a
-located message of its own (``checks.py``, the models' validators):
+located message of its own (``spec/checks/``, the models' validators):
 
 - the task union as ``if``/``then`` on ``type``, so an editor validates a task against the branch
   its ``type`` names (pydantic's ``oneOf`` makes yaml-language-server guess the closest branch
   and report, say, "Value must be 'command'" for a misspelt field of a swift task);
 - environment maps: names by ``propertyNames`` (a key pattern in ``patternProperties`` refuses
-  nothing), and no literal value under a key that names a secret (``checks.SECRET_KEY``);
-- values that look like credentials (``checks.CREDENTIAL``) in free-form strings;
+  nothing), and no literal value under a key that names a secret (``checks.secrets.SECRET_KEY``);
+- values that look like credentials (``checks.secrets.CREDENTIAL``) in free-form strings;
 - ``ssh.host_key``: ``<key-type> <base64>`` of a known type, the base64 starting with the encoding
-  of that same type (``checks.HOST_KEY_FIELDS``);
+  of that same type (``checks.fleets.HOST_KEY_FIELDS``);
 - ms-swift ``args``: the argument names of the command (``reconciler/tasks/swift_args.json``, so
   an editor completes them), and values nested at most as deep as ``_is_plain`` allows;
 - rules across the fields of one file: a docker template needs an image, a GPU type needs GPUs,
   a machine needs a host key unless its fleet names a known_hosts, grpo needs reward functions...
 
 What needs more than one file (does the template exist, is the name unique, does the input exist)
-stays in ``checks.py`` only.
+stays in ``spec/checks/`` only.
 """
 
 from __future__ import annotations
@@ -39,8 +39,10 @@ from typing import Any
 
 from pydantic.json_schema import models_json_schema
 
-from . import checks
-from .models import ENV_NAME, ENV_NAME_MESSAGE, KINDS, PLAIN_DEPTH, SWIFT_MANAGED, TASK_TYPES, SwiftRlhfTask, SwiftSftTask
+from .checks import fleets, secrets
+from .models import KINDS
+from .models.common import ENV_NAME, ENV_NAME_MESSAGE
+from .models.tasks import PLAIN_DEPTH, SWIFT_MANAGED, TASK_TYPES, SwiftRlhfTask, SwiftSftTask
 
 FILE_NAMES = {"Run": "run", "ExecutionTemplate": "execution-template", "Fleet": "fleet", "Provider": "provider",
               "Policy": "policy"}
@@ -54,7 +56,7 @@ SECRET_MESSAGE = ("this key names a secret: never commit its value; list the nam
 CREDENTIAL_MESSAGE = ("this value looks like a credential; never commit one: list its name under spec.secrets and "
                       "set it on the reconciler host")
 HOST_KEY_MESSAGE = ("expected '<key-type> <base64>', as in the host's /etc/ssh/ssh_host_*_key.pub, of a known type "
-                    f"({', '.join(checks.HOST_KEY_FIELDS)}), the key data holding a key of that same type")
+                    f"({', '.join(fleets.HOST_KEY_FIELDS)}), the key data holding a key of that same type")
 NO_HOST_KEY_MESSAGE = ("no host key: set ssh.host_key or the fleet's known_hosts (keys are never accepted "
                        "blindly)")
 
@@ -67,10 +69,10 @@ def _ignore_case(pattern: str) -> str:
     return re.sub(r"(?<!\\)[A-Za-z]", lambda m: f"[{m.group().upper()}{m.group().lower()}]", pattern)
 
 
-# Keys whose string value is a literal secret (checks.SECRET_KEY, which is case-insensitive).
-SECRET_KEY = _ignore_case(checks.SECRET_KEY.pattern)
-# A string that does not start like a credential (checks.CREDENTIAL, matched after stripping spaces).
-NOT_CREDENTIAL = r"^(?!\s*" + checks.CREDENTIAL.pattern.removeprefix("^") + ")"
+# Keys whose string value is a literal secret (checks.secrets.SECRET_KEY, which is case-insensitive).
+SECRET_KEY = _ignore_case(secrets.SECRET_KEY.pattern)
+# A string that does not start like a credential (checks.secrets.CREDENTIAL, matched after stripping spaces).
+NOT_CREDENTIAL = r"^(?!\s*" + secrets.CREDENTIAL.pattern.removeprefix("^") + ")"
 _B64 = "[A-Za-z0-9+/]"
 
 
@@ -87,7 +89,7 @@ def _key_data(kind: str) -> str:
     """A pattern for the base64 of a ``kind`` public key blob: the encoding of its known head (the
     type name, and for ECDSA the curve and the point's length and form), then the rest; an
     ssh-ed25519 key has a fixed length, so it is matched exactly (a truncated paste fails)."""
-    fields = checks.HOST_KEY_FIELDS[kind]
+    fields = fleets.HOST_KEY_FIELDS[kind]
     head = _ssh_string(kind.encode())
     if fields[0] == "curve":
         curve = kind.removeprefix("sk-").split("@")[0].removeprefix("ecdsa-sha2-").encode()
@@ -105,7 +107,7 @@ def _key_data(kind: str) -> str:
 
 
 # '' means "no pinned key" (the fleet's known_hosts is used), as in checks.cross_checks.
-HOST_KEY = ("^$|^\\s*(?:" + "|".join(f"{_escape(k)}\\s+{_key_data(k)}" for k in checks.HOST_KEY_FIELDS)
+HOST_KEY = ("^$|^\\s*(?:" + "|".join(f"{_escape(k)}\\s+{_key_data(k)}" for k in fleets.HOST_KEY_FIELDS)
             + ")(?:\\s[\\s\\S]*)?$")
 
 
@@ -155,7 +157,7 @@ def _at(schema: dict, *path: str) -> dict:
 
 
 def _set_string(*path: str) -> dict:
-    """A condition: the key at ``path`` holds a non-empty string (as checks._text reads it)."""
+    """A condition: the key at ``path`` holds a non-empty string (as checks.raw._text reads it)."""
     inner = _string(minLength=1)
     for part in reversed(path):
         inner = {"properties": {part: inner}, "required": [part]}
@@ -281,7 +283,7 @@ def _resources(defs: dict) -> None:
 
 
 def _resources_override(defs: dict) -> None:
-    """An override: only a gpu_count it sets (else the template's applies: checks.py looks at both)."""
+    """An override: only a gpu_count it sets (else the template's applies: checks.runs looks at both)."""
     _all_of(defs["ResourcesOverride"],
             _if_then({"properties": {"gpu_count": {"const": 0}}, "required": ["gpu_count"]}, _GPU_TYPE_NEEDS_GPUS))
 

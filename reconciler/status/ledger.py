@@ -8,7 +8,7 @@ it is written (times are absolute, never "3 minutes ago"), so a pass that change
 leaves it byte-identical and makes no commit.
 
 A run that reports training progress also gets ``status/<run>.svg``, its loss curve drawn from the
-status's ``loss_curve`` (bounded to ``status.CURVE_POINTS`` points, so the file stays a few KB).
+status's ``loss_curve`` (bounded to ``summarize.CURVE_POINTS`` points, so the file stays a few KB).
 While the run trains it is rewritten at most every ``SVG_INTERVAL`` seconds, to keep commits few;
 once the run has ended it is written one last time.
 
@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reconciler.core import display
-from .store import TERMINAL, RunStatus, replace_if_changed
+from reconciler.core.runstatus import TERMINAL, RunStatus
+from .store import replace_if_changed
 
 README = "README.md"
 _LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")

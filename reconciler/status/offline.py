@@ -16,7 +16,7 @@ from reconciler.core.observed import ObservedMachine, ObservedRental, ObservedRu
 from reconciler.spec.offers import parse_rental_name
 from reconciler.core.names import LOCAL
 from reconciler.spec.load import DesiredState
-from .store import TERMINAL, RunStatus, parse_iso
+from reconciler.core.runstatus import TERMINAL, RunStatus, parse_iso
 
 
 def recorded_world(desired: DesiredState, previous: dict[str, RunStatus], now: float) -> ObservedWorld:

@@ -151,7 +151,7 @@ def test_a_refused_token_is_a_one_line_error(repo, github, tmp_path, monkeypatch
 
 
 def test_hostile_names_and_reasons_cannot_break_the_table(tmp_path):
-    from reconciler.planner.plan import Change, Plan
+    from reconciler.core.plan import Change, Plan
     from reconciler.cli.prcomment import markdown
 
     plan = Plan(changes=[Change("a", "wait", "NoCapacity", "x | y <script>alert(1)</script>\nz", "Pending")])

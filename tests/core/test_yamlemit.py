@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from reconciler.core import yamlemit
-from reconciler.status.store import RunStatus, dump, ordered
+from reconciler.core.runstatus import RunStatus
+from reconciler.status.store import dump, ordered
 from reconciler.core.yamlemit import Flow
 
 TRICKY = ["", " ", "a", "True", "true", "yes", "No", "on", "null", "~", "Null", "0", "012", "0x1F", "1e3", "1.5",
@@ -50,8 +51,8 @@ def test_a_list_in_a_list_and_odd_keys_are_left_to_pyyaml() -> None:
 def test_the_statuses_of_every_plan_case_are_written_as_pyyaml_writes_them() -> None:
     """The statuses the planner's table of cases leads to (every action, code, condition and
     history line it produces), and one with every optional part, dump the same both ways."""
-    from reconciler.planner.plan import make_plan
-    from reconciler.status.store import summarize
+    from reconciler.planner.make import make_plan
+    from reconciler.status.summarize import summarize
     from tests.planner.test_plan import CASES, build
 
     seen = 0

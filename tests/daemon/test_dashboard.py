@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from reconciler.daemon import dashboard, httpd
-from reconciler.status.store import Condition, Handle, RunStatus, Transition, dump
+from reconciler.core.runstatus import Condition, Handle, RunStatus, Transition
+from reconciler.status.store import dump
 
 DOCS_IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
 XSS = '<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2">'

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 
-from reconciler.daemon.service import TextFormatter, syslog_priority
+from reconciler.daemon.logs import TextFormatter, syslog_priority
 
 from .conftest import ROOT, Daemon, git, wait_for
 

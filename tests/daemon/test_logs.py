@@ -78,7 +78,7 @@ def test_daemon_json_logs_paramiko_errors_as_json_lines(world, not_ssh):
 SCRIPT = r"""
 import logging, socket, sys, threading, warnings
 logging.basicConfig()  # a stray stderr handler installed before ours: must not print lines twice
-from reconciler.daemon.service import event, setup_logging
+from reconciler.daemon.logs import event, setup_logging
 setup_logging("json")
 setup_logging("json")  # SIGHUP calls it again: still one handler
 warnings.simplefilter("always")

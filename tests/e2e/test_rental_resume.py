@@ -72,7 +72,7 @@ def test_an_evaporated_rental_resumes_on_a_new_one_from_the_copied_checkpoint(tm
         first = st.handle.machine
         assert st.phase == "Running" and first.startswith("local/")
         from reconciler.rentals.providers.local import LocalAdapter
-        from reconciler.spec.models import Provider
+        from reconciler.spec.models.provider import Provider
 
         LocalAdapter(Provider.model_validate(doc), None).evaporate(first.split("/", 1)[1])
         rec.run_pass()
@@ -93,7 +93,7 @@ def test_an_evaporated_rental_resumes_on_a_new_one_from_the_copied_checkpoint(tm
     finally:
         w.cleanup()
         from reconciler.rentals.providers.local import LocalAdapter
-        from reconciler.spec.models import Provider
+        from reconciler.spec.models.provider import Provider
 
         a = LocalAdapter(Provider.model_validate(provider_doc(tmp_path / "provider", local={"login": "self"})), None)
         for r in a.inventory():

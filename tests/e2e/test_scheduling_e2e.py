@@ -59,7 +59,7 @@ def test_in_house_first_then_rented_with_a_team_over_quota_waiting(tmp_path, ssh
     finally:
         w.cleanup()
         from reconciler.rentals.providers.local import LocalAdapter
-        from reconciler.spec.models import Provider
+        from reconciler.spec.models.provider import Provider
 
         a = LocalAdapter(Provider.model_validate(provider), None)
         for r in a.inventory():

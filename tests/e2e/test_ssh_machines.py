@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.status import store as statuses
+from reconciler.core.runstatus import parse_iso
 from tests.world import World, alive_instances, fleet, git, kill_group, machine, run_spec
 
 pytestmark = pytest.mark.e2e
@@ -27,7 +27,7 @@ def test_runs_to_succeeded_on_the_ssh_host(world, sshd):
     assert st.handle.machine == "lab-1" and st.handle.identity == "hello-g1-a1"
     assert st.handle.workspace.startswith("/")
     local = world.bundle("hello-g1-a1")
-    assert (local / "artifacts" / "stdout.log").read_text() == "hello from rctest\n"
+    assert (local / "artifacts" / "stdout.log").read_text() == f"hello from {sshd.user}\n"
     assert (local / "runtime" / "result.json").is_file()
     assert any(a["path"] == "artifacts/stdout.log" for a in st.artifacts)
     assert "status/hello.yaml" in git(world.repo, "log", "--name-only", "--format=")
@@ -166,7 +166,7 @@ def test_lost_after_grace_relaunched_elsewhere_and_fenced_when_back(tmp_path, ss
         w.run_pass(now=t0)
         st = w.status("phoenix")
         assert st.phase == "Running" and st.condition("MachineReachable").status == "False"
-        since = statuses.parse_iso(st.condition("MachineReachable").last_transition)
+        since = parse_iso(st.condition("MachineReachable").last_transition)
         # past the grace (set explicitly, no sleeping): declared lost, relaunched on the other machine
         w.run_pass(now=since + 2)
         st = w.status("phoenix")

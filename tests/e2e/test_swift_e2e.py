@@ -9,6 +9,7 @@ they fail instead, so CI can never silently skip them.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -44,9 +45,21 @@ def _swift_problem() -> str | None:
     return None
 
 
+def _run_folder(tmp_path_factory) -> Path:
+    """This run's temporary folder, the same for all of its pytest-xdist workers."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # above each worker's own
+
+
 @pytest.fixture(scope="session")
-def swift_python() -> str:
-    problem = _swift_problem()
+def swift_python(tmp_path_factory) -> str:
+    # Checked once per run, not once per module and worker: importing torch and swift takes seconds.
+    check = _run_folder(tmp_path_factory) / "swift-check.json"
+    with open(f"{check}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not check.exists():
+            check.write_text(json.dumps({"problem": _swift_problem()}))
+        problem = json.loads(check.read_text())["problem"]
     if problem:
         if os.environ.get("CI") == "true":
             pytest.fail(f"{problem}: {INSTALL_HINT}", pytrace=False)
@@ -56,8 +69,13 @@ def swift_python() -> str:
 
 @pytest.fixture(scope="session")
 def tiny_model(swift_python, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("swift-model") / "tiny-qwen2"
-    p = subprocess.run([swift_python, str(MAKE_MODEL), str(out)], capture_output=True, text=True, timeout=300)
+    # One model for the whole run, whichever module or pytest-xdist worker asks first: building it
+    # (torch, transformers) takes many seconds of CPU, and the script leaves a built folder as it is.
+    out = _run_folder(tmp_path_factory) / "swift-model" / "tiny-qwen2"
+    out.parent.mkdir(exist_ok=True)
+    with open(out.parent / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        p = subprocess.run([swift_python, str(MAKE_MODEL), str(out)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     return out
 

@@ -35,8 +35,31 @@ class Chaos:
             return self.queue.pop(0) if self.queue else None
 
 
+class Limiter:
+    """A provider's documented request rate as a token bucket on the fake's side: a client that
+    calls faster gets the provider's 429."""
+
+    def __init__(self, rate: float, burst: int):
+        self.rate, self.burst = rate, burst
+        self.tokens, self.at = float(burst), time.monotonic()
+        self.lock = threading.Lock()
+
+    def allow(self) -> bool:
+        with self.lock:
+            now = time.monotonic()
+            self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+            self.at = now
+            if self.tokens >= 1:
+                self.tokens -= 1
+                return True
+            return False
+
+
 class FakeCloud:
     """Base of the fakes: routes (method, path) to handlers; records every request."""
+
+    # The provider's 429, when its rate limit is enforced: (headers, body)
+    throttle_answer: tuple[dict, str] = ({}, "rate limited")
 
     def __init__(self, scratch: Path, token: str = "test-token", delay: float = 0.0, boot_machines: bool = True):
         self.scratch = scratch
@@ -51,6 +74,33 @@ class FakeCloud:
         self.servers: list[SshServer] = []
         self._httpd: ThreadingHTTPServer | None = None
         self._next_ip = 2
+        self.limiters: list[tuple[str | None, str, Limiter]] = []  # (method, path prefix, bucket)
+        self.throttled = 0
+        # A create that is carried out but whose answer never arrives: [(method, path, how)],
+        # how = "drop" (the connection closes: a timeout to the client) or a 5xx status
+        self.lose: list[tuple[str, str, str | int]] = []
+
+    def limit(self, rate: float, burst: int, method: str | None = None, prefix: str = "") -> None:
+        self.limiters.append((method, prefix, Limiter(rate, burst)))
+
+    def lose_answer(self, method: str, path: str, how: str | int = "drop") -> None:
+        self.lose.append((method, path, how))
+
+    def _throttled(self, method: str, path: str) -> bool:
+        for m, prefix, bucket in self.limiters:
+            if (m is None or m == method) and path.startswith(prefix) and not bucket.allow():
+                with self.lock:
+                    self.throttled += 1
+                return True
+        return False
+
+    def _lost(self, method: str, path: str):
+        with self.lock:
+            for i, (m, p, how) in enumerate(self.lose):
+                if m == method and path == p:
+                    del self.lose[i]
+                    return how
+        return None
 
     # ------------------------------------------------------------------ the server
 
@@ -79,6 +129,14 @@ class FakeCloud:
                     self.end_headers()
                     self.wfile.write(text.encode())
                     return
+                if cloud._throttled(method, url.path):
+                    headers, text = cloud.throttle_answer
+                    self.send_response(429)
+                    for k, v in headers.items():
+                        self.send_header(k, v)
+                    self.end_headers()
+                    self.wfile.write(text.encode())
+                    return
                 if not cloud.authorized(self.headers.get("Authorization", "")):
                     return self._json(401, {"error": "unauthorized", "reason": "INVALID_TOKEN"})
                 length = int(self.headers.get("Content-Length") or 0)
@@ -92,6 +150,12 @@ class FakeCloud:
                     status, doc = cloud.route(method, url.path, query, body)
                 except KeyError:
                     status, doc = 404, {"error": "not found"}
+                lost = cloud._lost(method, url.path) if status < 300 else None
+                if lost == "drop":
+                    self.close_connection = True  # done at the provider; the answer never leaves
+                    return
+                if lost is not None:
+                    return self._json(int(lost), {"error": "upstream timeout", "reason": "INTERNAL"})
                 self._json(status, doc)
 
             def _json(self, status: int, doc: Any) -> None:

@@ -2,7 +2,8 @@
 
 Fixtures:
 
-* ``sshd`` (session): a started :class:`~tests.infra.sshd.SshServer` on 127.0.0.1 logging in as ``rctest``.
+* ``sshd`` (session): a started :class:`~tests.infra.sshd.SshServer` on 127.0.0.1 logging in as ``rctest``
+  (``rctest-gwN`` under pytest-xdist: one account per worker).
   Shared by all tests: do not ``stop()`` it (use ``sshd_factory`` for that).
 * ``sshd_factory`` (function): ``sshd_factory(host="127.0.0.1", start=True, user=None)`` returns a new
   ``SshServer`` (own port, own keys); all of them are stopped at the test's teardown.  Any 127.x.y.z

@@ -53,7 +53,11 @@ def _free_ports(n: int) -> list[int]:
 
 def _free_range(width: int) -> int:
     """The first port of ``width`` consecutive ports that are free now (for srun's port range)."""
-    for base in range(41000, 60000, 97):
+    # Each pytest-xdist worker starts its search elsewhere: two clusters starting at once would
+    # otherwise both find the same range free.
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    start = 41000 + 1940 * (int(worker[2:]) % 8 if worker[2:].isdigit() else 0)
+    for base in [*range(start, 60000, 97), *range(41000, start, 97)]:
         ok = True
         for port in range(base, base + width):
             with socket.socket() as s:

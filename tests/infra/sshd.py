@@ -6,7 +6,8 @@ machine goes away, sessions dropped mid-command.  A private sshd started by the 
 
 Design notes (measured on the project's Debian 12 machines, see docs in /work/shared/notes):
 
-* It logs in as a dedicated unprivileged user, ``rctest``, created once per machine.  Logging in as
+* It logs in as a dedicated unprivileged user, ``rctest``, created once per machine (under pytest-xdist,
+  one per worker, ``rctest-gw0`` ...: see :func:`worker_user`).  Logging in as
   root costs ~150 ms per command because root's shell start-up runs pyenv; ``rctest`` uses /bin/sh.
   With ``UsePAM no`` a fresh ``useradd`` account is *locked*, and sshd refuses even key logins to
   locked accounts, hence ``usermod -p '*'`` (no password, but not locked).
@@ -38,7 +39,19 @@ from typing import Any
 from tests.infra._proc import descendants, end_pids, free_port, port_open, process_name, start_time, wait_until
 
 SSHD = "/usr/sbin/sshd"
-TEST_USER = "rctest"
+
+
+def worker_user(name: str) -> str:
+    """The account ``name`` for this test process: one of its own per pytest-xdist worker.
+
+    Tests running side by side on one account would share its home (the staged probe under
+    ``~/.cache``, a drain flag) and its processes, and each could disturb what the other asserts.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return f"{name}-{worker}" if worker else name
+
+
+TEST_USER = worker_user("rctest")
 _USER_LOCK = "/tmp/.rctest-user.lock"
 
 

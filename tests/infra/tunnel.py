@@ -17,10 +17,10 @@ from pathlib import Path
 
 from reconciler.agent import tunnel as agent
 from tests.infra._proc import descendants, free_port, port_open, wait_until
-from tests.infra.sshd import SshServer, _keygen
+from tests.infra.sshd import SshServer, _keygen, worker_user
 
-VM_USER = "rcintun"
-INHOUSE_USER = "rcinhouse"
+VM_USER = worker_user("rcintun")
+INHOUSE_USER = worker_user("rcinhouse")
 MACHINE = "inhouse-1"
 
 

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from reconciler.machines.base import MachineInfo
-from reconciler.machines.ssh import ARGV_LIMIT, SshTransport, agent_hash, agent_program
+from reconciler.machines.remote_agent import ARGV_LIMIT, agent_hash, agent_program
+from reconciler.machines.ssh import SshTransport
 from reconciler.core.errors import PermanentError, TemporaryError
-from reconciler.spec.models import Machine
+from reconciler.spec.models.fleet import Machine
 from tests.world import remote_root
 
 
@@ -159,7 +160,7 @@ def test_known_hosts_file_is_accepted(sshd, root):
 def test_refused_silent_and_bad_login_are_temporary(sshd_factory, root):
     server = sshd_factory()
     # a key the server does not accept: authentication fails, the machine is unknown, not dead
-    with pytest.raises(TemporaryError, match="authentication as rctest failed"):
+    with pytest.raises(TemporaryError, match=f"authentication as {server.user} failed"):
         SshTransport(info(server, root, identity_file=str(server.host_key_file))).agent({"op": "probe"})
     server.stop()
     with pytest.raises(TemporaryError, match="connection refused"):
@@ -207,7 +208,7 @@ def test_stage_keeps_a_workspace_only_for_the_same_spec(sshd, root, bundle_dir):
 
 
 def test_the_probe_is_staged_once_then_invoked_by_path(sshd, root):
-    from reconciler.machines.ssh import agent_hash
+    from reconciler.machines.remote_agent import agent_hash
 
     staged = Path(sshd.home) / ".cache" / "reconciler" / f"agent-{agent_hash()}.py"
     if staged.exists():

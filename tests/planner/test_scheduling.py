@@ -12,9 +12,10 @@ import yaml
 
 from reconciler.core.identity import make
 from reconciler.core.observed import ObservedMachine, ObservedRun, ObservedWorld
-from reconciler.planner.plan import PlanSettings, make_plan
+from reconciler.core.plan import PlanSettings
+from reconciler.planner.make import make_plan
 from reconciler.spec.load import load_tree
-from reconciler.status.store import RunStatus, Transition
+from reconciler.core.runstatus import RunStatus, Transition
 
 NOW = 1_800_000_000.0
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAICqRT6LKgEqdobuvittBCu1add1q6i1ofysL9m5i7d6G"
@@ -146,7 +147,7 @@ def test_validate_checks_priority_classes_and_one_policy(tmp_path) -> None:
 def test_the_room_index_chooses_what_a_scan_of_every_machine_would() -> None:
     import random
 
-    from reconciler.planner.plan import RoomIndex, Slot
+    from reconciler.planner.capacity import RoomIndex, Slot
 
     rng = random.Random(7)
     for _ in range(30):
@@ -202,7 +203,7 @@ def test_no_preemption_within_min_runtime_or_when_it_would_not_make_room(tmp_pat
 
 
 def test_a_preempted_run_comes_back_without_spending_a_retry(tmp_path) -> None:
-    from reconciler.status.store import Condition, Handle
+    from reconciler.core.runstatus import Condition, Handle
 
     root = repo(tmp_path, {"low": {}, "high": {"priority": "urgent"}}, {"gpu-1": 1}, PREEMPT)
     w = world({"gpu-1": 1}, {"high": ("gpu-1", 1)})

@@ -19,9 +19,10 @@ import yaml
 
 from reconciler.core.identity import make
 from reconciler.core.observed import ObservedMachine, ObservedRun, ObservedWorld
-from reconciler.planner.plan import PlanSettings, make_plan
+from reconciler.core.plan import PlanSettings
+from reconciler.planner.make import make_plan
 from reconciler.spec.load import load_tree
-from reconciler.status.store import RunStatus, Transition
+from reconciler.core.runstatus import RunStatus, Transition
 
 CASES = Path(__file__).parent / "scheduling_cases"
 NOW = 1_800_000_000.0

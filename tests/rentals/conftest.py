@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from reconciler.rentals.providers.local import LocalAdapter
-from reconciler.spec.models import Provider
+from reconciler.spec.models.provider import Provider
 from tests.world import TEMPLATES, World
 
 RENTAL_TEMPLATES = {

@@ -13,7 +13,7 @@ import yaml
 from reconciler.core.errors import PermanentError, TemporaryError
 from reconciler.rentals.providers.base import AdapterContext
 from reconciler.rentals.providers.command import CommandAdapter
-from reconciler.spec.models import Provider
+from reconciler.spec.models.provider import Provider
 from tests.rentals.conftest import RENTAL_TEMPLATES
 from tests.world import TEMPLATES, World, run_spec
 

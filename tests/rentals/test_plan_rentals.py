@@ -11,9 +11,11 @@ import yaml
 
 from reconciler.core.observed import ObservedMachine, ObservedRental, ObservedWorld
 from reconciler.spec.offers import parse_rental_name, rental_name
-from reconciler.planner.plan import PlanSettings, make_plan
+from reconciler.core.plan import PlanSettings
+from reconciler.planner.make import make_plan
+from reconciler.planner.render import text
 from reconciler.spec.load import load_tree
-from reconciler.status.store import Handle, RunStatus
+from reconciler.core.runstatus import Handle, RunStatus
 
 NOW = 1_800_000_000.0
 OFFERS = [{"id": "a10", "gpu_type": "A10", "gpu_count": 1, "price_per_hour": 0.75},
@@ -59,7 +61,7 @@ def test_the_cheapest_fitting_offer_wins_and_ties_go_to_fewer_gpus(tmp_path) -> 
                    "pair": ("provision", "h100x2", 2.5)}
     name = p.for_run("small").rental["name"]
     assert name == rental_name("ns", "small-g1-a1") and parse_rental_name(name).identity == "small-g1-a1"
-    assert "renting cloud/h100 at 2.5/h" in p.text() and "New rentals: 3, estimated 5.75 per hour." in p.text()
+    assert "renting cloud/h100 at 2.5/h" in text(p) and "New rentals: 3, estimated 5.75 per hour." in text(p)
     from reconciler.cli.prcomment import markdown
 
     assert "New rentals: 3, estimated **5.75 per hour**." in markdown(p)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from reconciler.agent import tunnel as agent
+from reconciler.machines.remote_agent import agent_program
 from reconciler.runtime import probe
 
 
@@ -63,8 +64,10 @@ def test_the_probe_reports_both_through_its_command_line(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     agent.drain("maintenance")
     monkeypatch.setenv("PATH", "/nonexistent")  # no nvidia-smi: said, not fatal
-    p = subprocess.run([sys.executable, probe.__file__, json.dumps({"op": "probe", "root": str(tmp_path / "ws"),
-                        "gpu_processes": True})], capture_output=True, text=True, env=dict(os.environ), timeout=30)
+    # As it runs on a machine: the agent's program on stdin, its arguments as argv.
+    program, argv = agent_program({"op": "probe", "root": str(tmp_path / "ws"), "gpu_processes": True})
+    p = subprocess.run([sys.executable, "-", *argv], input=program, capture_output=True, text=True,
+                       env=dict(os.environ), timeout=30)
     report = json.loads(p.stdout)
     assert report["drain"]["reason"] == "maintenance"
     assert "error" in report["foreign_gpus"]

@@ -327,10 +327,10 @@ def test_the_probe_bounds_agree_with_the_boundary():
     """The probe runs on the machine and cannot import the package, so it keeps its own copies of
     the bounds; the control plane checks again whatever it says. The copies must not be looser:
     a value the probe passes on and the boundary refuses would turn a sane run's entry unknown."""
-    from reconciler.runtime import probe
+    from reconciler.runtime import readings
 
-    assert probe.MAX_TIME == boundary.MAX_TIME
-    assert probe.MAX_NUMBER == boundary.MAX_ABS_NUMBER
+    assert readings.MAX_TIME == boundary.MAX_TIME
+    assert readings.MAX_NUMBER == boundary.MAX_ABS_NUMBER
 
 
 def test_absolute_path():

@@ -65,7 +65,7 @@ def test_a_process_of_the_same_user_cannot_read_the_sealed_environment():
     # The module, where an unprivileged user can read it (the checkout may be under /root).
     lib = tempfile.mkdtemp(prefix="rc-seal-", dir="/tmp")
     os.chmod(lib, 0o755)
-    shutil.copy(ROOT / "reconciler" / "procenv.py", lib)
+    shutil.copy(ROOT / "reconciler" / "core" / "procenv.py", lib)
     os.chmod(os.path.join(lib, "procenv.py"), 0o644)
     plain, plain_pid, _ = _holder(lib, "plain")
     sealed, sealed_pid, ok = _holder(lib, "seal")
@@ -83,6 +83,6 @@ def test_a_process_of_the_same_user_cannot_read_the_sealed_environment():
 
 def test_every_command_that_holds_secrets_is_sealed():
     """The CLI seals itself before any command that reads secrets or starts runs."""
-    src = (ROOT / "reconciler" / "cli.py").read_text()
+    src = (ROOT / "reconciler" / "cli" / "main.py").read_text()
     dispatch = src[src.index("def _dispatch"):]
     assert dispatch.index("seal_own_environment()") < dispatch.index("return commands.run(")

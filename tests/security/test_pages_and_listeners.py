@@ -30,8 +30,9 @@ from reconciler.status import ledger
 from reconciler.cli import prcomment
 from reconciler.core.errors import PermanentError
 from reconciler.rentals.providers.base import AdapterContext, adapter_for
-from reconciler.spec.models import Provider
-from reconciler.status.store import Handle, RunStatus, Transition, dump, load_all
+from reconciler.spec.models.provider import Provider
+from reconciler.core.runstatus import Handle, RunStatus, Transition
+from reconciler.status.store import dump, load_all
 from tests.repo_helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +44,7 @@ SENTINEL = "RC_SENTINEL_SECRET"
 SERVER = r"""
 import json, logging, resource, sys
 from pathlib import Path
-from reconciler import dashboard, httpd
+from reconciler.daemon import dashboard, httpd
 
 cfg = json.loads(sys.argv[1])
 logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(name)s %(message)s")
@@ -554,7 +555,7 @@ def _provider(kind: str, url: str) -> Provider:
         "spec": {"type": kind, "endpoint": url, "credentials": "API_KEY",
                  "rateLimit": {"requestsPerSecond": 100, "burst": 50},
                  "offers": [{"id": "a10", "resource": "gpu_1x_a10", "gpu_count": 0, "price_per_hour": 1.0}],
-                 "ssh": {"user": "rcpage", "port": 22, "image": "img"}}})
+                 "ssh": {"user": "rcpage", "image": "img"}}})
 
 
 def test_hostile_rental_ids_are_dropped_with_a_reason(tmp_path, caplog):
@@ -567,10 +568,11 @@ def test_hostile_rental_ids_are_dropped_with_a_reason(tmp_path, caplog):
     try:
         for iid in HOSTILE_IDS + ["good-1"]:
             lam.machines[iid] = {"id": iid, "name": "rc-x", "status": "booting", "ip": "127.0.0.9", "created": time.time(),
-                                 "ssh_key_names": [], "instance_type": {"name": "gpu_1x_a10", "price_cents_per_hour": 1}}
+                                 "ssh_key_names": [], "instance_type": {"name": "gpu_1x_a10", "price_cents_per_hour": 1},
+                                 "region": {"name": "us-east-1"}, "tags": []}
             tar.machines[iid] = {"id": iid, "uid": iid, "name": "rc-x", "status": "running", "ports": [],
                                  "resource_name": "gpu_1x_a10", "created": time.time(), "ssh_keys": [],
-                                 "created_at": "2026-11-25T10:00:00Z"}
+                                 "created_at": "2026-11-25T10:00:00Z", "project_id": None, "envs": {}}
         for fake, url in ((lam, lam.url + "/api/v1"), (tar, tar.url + "/tha/v2")):
             kind = "lambda" if fake is lam else "targon"
             adapter = adapter_for(_provider(kind, url), ctx)

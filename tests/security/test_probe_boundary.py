@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 
 from reconciler.machines.base import MachineInfo
-from reconciler.machines.ssh import SshTransport, agent_hash
+from reconciler.machines.remote_agent import agent_hash
+from reconciler.machines.ssh import SshTransport
 from reconciler.core.errors import TemporaryError
-from reconciler.spec.models import Machine
+from reconciler.spec.models.fleet import Machine
 from tests.world import World, alive_instances, fleet, machine, remote_root, run_spec
 
 pytestmark = pytest.mark.e2e

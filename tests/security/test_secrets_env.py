@@ -20,11 +20,12 @@ from reconciler.gitops import repo as gitops
 from reconciler.core import procenv
 from reconciler.planner.exposure import logins, shared_login_warnings
 from reconciler.core.observed import ObservedWorld
-from reconciler.planner.plan import Change, Plan
+from reconciler.core.plan import Change, Plan
 from reconciler.rentals.providers.base import AdapterContext
 from reconciler.rentals.providers.command import CommandAdapter
 from reconciler.spec.load import load_tree
-from reconciler.spec.models import Policy, Provider
+from reconciler.spec.models.policy import Policy
+from reconciler.spec.models.provider import Provider
 from tests.repo_helpers import make_repo, reconcile_cli, reconciler, run_spec, status_of, wait_for, workspace
 from tests.world import TEMPLATES, World
 from tests.world import run_spec as world_run
@@ -369,7 +370,7 @@ def test_every_node_of_a_slurm_run_gets_its_secret_and_declared_env(slurm_world,
 
 
 def test_grant_rules_select_runs_by_every_selector_they_give():
-    from reconciler.spec.models import secret_refusal
+    from reconciler.spec.models.policy import secret_refusal
 
     rules = Policy.model_validate(yaml.safe_load(POLICY)).spec.secrets
     rules.append(type(rules[0]).model_validate({"names": ["SHARED_*"], "teams": ["nlp"], "runs": ["nlp-*"]}))

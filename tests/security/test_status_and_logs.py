@@ -151,7 +151,7 @@ HOSTILE_TEXTS = ["\ud800", "x\udcffy", "nul\x00", "\x1b]52;c;aGk=\x07", "a\r\nb\
 
 
 def hostile_everywhere(name: str) -> "RunStatus":
-    from reconciler.status.store import Condition, Handle, RunStatus, Transition
+    from reconciler.core.runstatus import Condition, Handle, RunStatus, Transition
 
     texts = HOSTILE_TEXTS
     return RunStatus(

@@ -30,8 +30,8 @@ from reconciler.artifacts import safetar
 from reconciler.machines.base import MachineInfo
 from reconciler.machines.ssh import SshTransport
 from reconciler.core.errors import PermanentError, TemporaryError
-from reconciler.spec.checks import input_problem
-from reconciler.spec.models import Machine
+from reconciler.spec.checks.inputs import input_problem
+from reconciler.spec.models.fleet import Machine
 from tests.rentals.conftest import RentalWorld, provider_doc
 from tests.world import World, git, run_spec
 

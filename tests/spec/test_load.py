@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 from reconciler.spec import load
-from reconciler.spec.checks import MAYBE_SECRET, host_key_problem, input_problem, secret_values
+from reconciler.spec.checks.fleets import host_key_problem
+from reconciler.spec.checks.inputs import input_problem
+from reconciler.spec.checks.secrets import MAYBE_SECRET, secret_values
 from reconciler.spec.load import Locator, SpecCache, dotted, load_file, load_tree, run_digest
-from reconciler.spec.models import DNS_LABEL
+from reconciler.spec.models.common import DNS_LABEL
 from tests.spec.helpers import TEMPLATE, run_text, write
 
 FLEET = """\

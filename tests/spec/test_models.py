@@ -9,7 +9,11 @@ import textwrap
 import pytest
 from pydantic import ValidationError
 
-from reconciler.spec.models import KINDS, OVERRIDABLE, CodePin, ExecutionTemplate, Fleet, Overrides, Resources, Run
+from reconciler.spec.models import KINDS
+from reconciler.spec.models.common import Resources
+from reconciler.spec.models.fleet import Fleet
+from reconciler.spec.models.run import CodePin, Overrides, Run
+from reconciler.spec.models.template import OVERRIDABLE, ExecutionTemplate
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 

@@ -17,8 +17,10 @@ from jsonschema import Draft202012Validator
 
 from pydantic import ValidationError
 
-from reconciler.spec import checks, models, schema
+from reconciler.spec import schema
+from reconciler.spec.checks import fleets, inputs, secrets
 from reconciler.spec.models import KINDS
+from reconciler.spec.models.common import INPUT_PATH
 from reconciler.core.yamlsafe import fast_load
 from tests.spec.editor_corpus import docs_examples
 from tests.spec.helpers import REPO, read_yaml, reconcile
@@ -281,7 +283,7 @@ def _synthetic_key(kind: str, tamper: str = "") -> str:
     def s(b: bytes) -> bytes:
         return len(b).to_bytes(4, "big") + b
 
-    fields = checks.HOST_KEY_FIELDS[kind]
+    fields = fleets.HOST_KEY_FIELDS[kind]
     curve = kind.removeprefix("sk-").split("@")[0].removeprefix("ecdsa-sha2-").encode()
     point = {b"nistp256": 65, b"nistp384": 97, b"nistp521": 133}.get(curve, 0)
     values = {"key": b"k" * 32, "curve": curve, "point": b"\x04" + b"p" * (point - 1), "e": b"\x01\x00\x01",
@@ -291,7 +293,7 @@ def _synthetic_key(kind: str, tamper: str = "") -> str:
 
 
 def _host_keys() -> list[str]:
-    keys = [_synthetic_key(k) for k in checks.HOST_KEY_FIELDS]
+    keys = [_synthetic_key(k) for k in fleets.HOST_KEY_FIELDS]
     if shutil.which("ssh-keygen"):
         with tempfile.TemporaryDirectory() as tmp:
             for kind, bits in (("ed25519", None), ("ecdsa", "256"), ("ecdsa", "384"), ("ecdsa", "521"), ("rsa", "2048")):
@@ -307,16 +309,16 @@ def test_the_host_key_pattern_agrees_with_the_check() -> None:
     known_hosts line, no data, not base64, cut short, the wrong type, an unknown type) does not."""
     pattern = re.compile(schema.HOST_KEY)
     keys = _host_keys()
-    assert len(keys) >= len(checks.HOST_KEY_FIELDS)
+    assert len(keys) >= len(fleets.HOST_KEY_FIELDS)
     for key in keys + [f"  {keys[0]}  ", f"{keys[0]} a comment", ""]:
-        assert key == "" or checks.host_key_problem(key) is None, key
+        assert key == "" or fleets.host_key_problem(key) is None, key
         assert pattern.search(key), key
     ed25519 = keys[0]
     kind, data = ed25519.split()[:2]
     bad = [f"gpu1.lab.example {ed25519}", kind, f"{kind} not*base64", f"{kind} {data[:-8]}", f"{kind} {data[:-4]}",
            f"ssh-rsa {data}", f"ecdsa-sha2-nistp256 {data}", f"ssh-dss {data}", f"{kind}{data}"]
     for key in bad:
-        assert checks.host_key_problem(key) is not None, key
+        assert fleets.host_key_problem(key) is not None, key
         assert not pattern.search(key), key
 
 
@@ -330,21 +332,21 @@ def test_the_input_pattern_agrees_with_the_check(item: str, ok: bool, tmp_path: 
     if ok:  # what the check accepts must exist; the pattern knows nothing of the disk
         (tmp_path / item).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / item).touch()
-    assert (checks.input_problem(tmp_path, item) is None) is ok
-    assert (re.search(models.INPUT_PATH, item) is not None) is ok
+    assert (inputs.input_problem(tmp_path, item) is None) is ok
+    assert (re.search(INPUT_PATH, item) is not None) is ok
 
 
 @pytest.mark.parametrize("key", ["HF_TOKEN", "hf_token", "WANDB_API_KEY", "api-key", "x.secret", "PASSWORD",
                                  "aws_credentials", "TOKEN", "KEYS", "MONKEY", "TOKENIZERS_PARALLELISM", "HF_HOME",
                                  "secretary", "key_file"])
 def test_the_secret_key_pattern_agrees_with_the_check(key: str) -> None:
-    assert bool(re.search(schema.SECRET_KEY, key)) is bool(checks.SECRET_KEY.search(key))
+    assert bool(re.search(schema.SECRET_KEY, key)) is bool(secrets.SECRET_KEY.search(key))
 
 
 @pytest.mark.parametrize("value", ["hf_" + "a" * 30, "  sk-" + "b" * 24, "ghp_" + "c" * 36, "AKIA" + "D" * 16,
                                    "hf_short", "sk-learn", "hello", "xoxb-1234567890", ""])
 def test_the_credential_pattern_agrees_with_the_check(value: str) -> None:
-    assert bool(re.search(schema.NOT_CREDENTIAL, value)) is not bool(checks.CREDENTIAL.match(value.strip()))
+    assert bool(re.search(schema.NOT_CREDENTIAL, value)) is not bool(secrets.CREDENTIAL.match(value.strip()))
 
 
 def test_the_schemas_speak_the_reconcilers_words() -> None:

@@ -7,7 +7,7 @@ import time
 import git
 
 from reconciler.status import ledger
-from reconciler.status.store import RunStatus, Transition
+from reconciler.core.runstatus import RunStatus, Transition
 from tests.repo_helpers import make_repo, reconciler, run_spec, status_of
 
 

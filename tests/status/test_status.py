@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+from reconciler.core.runstatus import Handle, RunStatus, SpecRef, iso
 from reconciler.status import store as st
+from reconciler.status.summarize import record, set_condition, summarize
 from reconciler.engine.apply import Outcome
 from reconciler.machines.base import LaunchResult
 from reconciler.core.observed import ObservedRun
-from reconciler.planner.plan import Change
+from reconciler.core.plan import Change
 
 
-def running(name: str = "r") -> st.RunStatus:
-    s = st.RunStatus(name=name, generation=1, attempt=1, spec=st.SpecRef(digest="sha256:d"),
-                     handle=st.Handle(machine="local", identity=f"{name}-g1-a1"), progress={"step": 7})
-    st.record(s, "Running", "new run", 1000.0)
-    st.set_condition(s, "MachineReachable", "True", "Reachable", "", 1000.0)
+def running(name: str = "r") -> RunStatus:
+    s = RunStatus(name=name, generation=1, attempt=1, spec=SpecRef(digest="sha256:d"),
+                     handle=Handle(machine="local", identity=f"{name}-g1-a1"), progress={"step": 7})
+    record(s, "Running", "new run", 1000.0)
+    set_condition(s, "MachineReachable", "True", "Reachable", "", 1000.0)
     return s
 
 
@@ -41,9 +43,9 @@ def test_steady_run_keeps_its_status_object():
     prev = running()
     change = Change("r", "none", "Running", "running", "Running", 1, 1, identity="r-g1-a1", spec_digest="sha256:d")
     obs = ObservedRun("r-g1-a1", "local", "running", progress={"step": 7})
-    assert st.summarize(prev, change, None, obs, 2000.0, None) is prev
+    assert summarize(prev, change, None, obs, 2000.0, None) is prev
     moved = ObservedRun("r-g1-a1", "local", "running", progress={"step": 8})
-    new = st.summarize(prev, change, None, moved, 2000.0, None)
+    new = summarize(prev, change, None, moved, 2000.0, None)
     assert new is not prev and new.progress == {"step": 8} and prev.progress == {"step": 7}
     assert new.history == prev.history  # progress is not a transition
 
@@ -53,23 +55,23 @@ def test_relaunch_forgets_the_previous_attempts_progress_and_records_one_transit
     change = Change("r", "relaunch", "Relaunch", "r-g1-a1 failed (exit 3); retry 1/2", "Running", 1, 2,
                     identity="r-g1-a2", machine="local", spec_digest="sha256:d")
     out = Outcome("r", "relaunch", launched=LaunchResult("r-g1-a2", "/ws/r-g1-a2", pid=99))
-    new = st.summarize(prev, change, out, None, 2000.0, "abc")
+    new = summarize(prev, change, out, None, 2000.0, "abc")
     assert new.progress is None and new.attempt == 2 and new.handle.identity == "r-g1-a2" and new.handle.pid == 99
     assert [h.attempt for h in new.history] == [1, 2]
 
 
 def test_condition_transition_time_moves_only_when_its_status_flips():
     s = running()
-    st.set_condition(s, "MachineReachable", "False", "Unreachable", "no reply", 1500.0)
+    set_condition(s, "MachineReachable", "False", "Unreachable", "no reply", 1500.0)
     t = s.condition("MachineReachable").last_transition
-    st.set_condition(s, "MachineReachable", "False", "Unreachable", "still no reply", 1600.0)
-    assert s.condition("MachineReachable").last_transition == t == st.iso(1500.0)
+    set_condition(s, "MachineReachable", "False", "Unreachable", "still no reply", 1600.0)
+    assert s.condition("MachineReachable").last_transition == t == iso(1500.0)
 
 
 def test_permanent_failure_fails_the_run_with_the_reason():
     prev = running()
     change = Change("r", "relaunch", "Relaunch", "retry", "Running", 1, 2, identity="r-g1-a2", machine="local")
     out = Outcome("r", "relaunch", ok=False, error="image 'x' not found on local", permanent=True)
-    new = st.summarize(prev, change, out, None, 2000.0, None)
+    new = summarize(prev, change, out, None, 2000.0, None)
     assert new.phase == "Failed" and "image 'x' not found" in new.message
     assert new.condition("Ready").reason == "LaunchFailed"

@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 
 from reconciler.artifacts import provenance
-from reconciler.planner.plan import make_plan
+from reconciler.planner.make import make_plan
 from reconciler.runtime import probe
-from reconciler.status.store import summarize
+from reconciler.status.summarize import summarize
 from tests.tasks.test_swift_render import build_bundle, git_repo, run_model
 from tests.planner.test_plan import build
 

@@ -16,7 +16,9 @@ from reconciler.artifacts import bundle as bundles
 from reconciler.artifacts import codepin
 from reconciler.core.errors import PermanentError
 from reconciler.spec.load import load_tree, run_digest
-from reconciler.spec.models import SWIFT_MANAGED, ExecutionTemplate, Run, SwiftRlhfTask, SwiftSftTask
+from reconciler.spec.models.run import Run
+from reconciler.spec.models.tasks import SWIFT_MANAGED, SwiftRlhfTask, SwiftSftTask
+from reconciler.spec.models.template import ExecutionTemplate
 from reconciler.spec.resolve import effective
 from reconciler.tasks import RenderContext, render
 from reconciler.tasks.swift import CONFIG_PATH, DEFAULTS, PRECHECK_ARGS, TYPED_SKIP, config_text, swift_arguments, swift_arguments_version, swift_config

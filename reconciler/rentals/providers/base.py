@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal, Protocol
 
-from reconciler.core.errors import PermanentError
-from reconciler.spec.models import Offer, Provider
+from reconciler.core.errors import PermanentError, TemporaryError
+from reconciler.spec.models.provider import Offer, Provider
 
 # provisioning: asked for, not usable yet. running: has an SSH endpoint (sshd may still be starting).
 # failed: the provider gave up on it. terminating / terminated: on its way out, or gone.
@@ -149,9 +149,40 @@ def drop(provider: str, why: str, dropped: list[str] | None = None) -> None:
         dropped.append(reason)
 
 
+class OfferUnavailable(TemporaryError):
+    """The provider has no capacity for this offer now (Lambda's 400
+    ``instance-operations/launch/insufficient-capacity``): not the spec's fault, and not the
+    provider's either; another offer (or the same one later) may do."""
+
+    def __init__(self, message: str, offer: str, retry_after: float = 600.0):
+        super().__init__(message, retry_after=retry_after)
+        self.offer = offer
+
+
+def parse_time(value) -> float | None:
+    """A provider's ISO 8601 time as unix time; None when absent or a zero value (Targon answers a
+    create with ``created_at: "0001-01-01T00:00:00Z"``). Fractions past microseconds (Go's
+    nanoseconds) are cut, which ``fromisoformat`` on Python 3.10 would refuse."""
+    from datetime import datetime, timezone
+
+    if not isinstance(value, str) or not value:
+        return None
+    text = value.strip().replace("Z", "+00:00").replace("z", "+00:00")
+    m = re.match(r"^(.*?\d\d:\d\d:\d\d)(\.\d+)?(.*)$", text)
+    if m is not None and m.group(2):
+        text = m.group(1) + m.group(2)[:7] + m.group(3)
+    try:
+        t = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=timezone.utc)
+    return t.timestamp() if t.year >= 2000 else None
+
+
 def offer_resource(offer: Offer) -> str:
     return offer.resource or offer.id
 
 
-__all__ = ["Adapter", "AdapterContext", "RENTAL_ID", "Rental", "RentalState", "adapter_for", "bad_rental_id",
-           "credential", "drop", "public_key", "offer_resource", "rental_id", "valid_rentals"]
+__all__ = ["Adapter", "AdapterContext", "OfferUnavailable", "RENTAL_ID", "Rental", "RentalState", "adapter_for",
+           "bad_rental_id", "credential", "drop", "parse_time", "public_key", "offer_resource", "rental_id", "valid_rentals"]

@@ -18,7 +18,7 @@ import subprocess
 
 from reconciler.core import procenv
 from reconciler.core.errors import PermanentError, TemporaryError
-from reconciler.spec.models import Offer, Provider
+from reconciler.spec.models.provider import Offer, Provider
 from reconciler.core.runstatus import parse_iso
 from .base import AdapterContext, Rental
 

@@ -3,8 +3,11 @@
 One token bucket per provider, shared by every thread of the process (the reconciler observes and
 applies in parallel; the provider counts calls per account, not per thread). A 429 is honoured:
 ``Retry-After`` when the provider sends it, exponential backoff when it does not (Vast.ai and
-Lambda send none). 5xx and connection errors are retried with backoff too; after ``retries`` the
-call is a ``TemporaryError`` and the pass moves on. Any other 4xx is a ``PermanentError`` with the
+Lambda send none). 5xx and connection errors are retried with backoff too, but only for calls
+that can be repeated safely (GET, PUT, DELETE): a POST that timed out or got a 5xx may have been
+carried out (a machine made, its answer lost), so it is never sent again here; it ends in
+``AnswerLost`` and the adapter looks for what it may have made. After ``retries`` a call is a
+``TemporaryError`` and the pass moves on. Any other 4xx is a ``PermanentError`` with the
 provider's own message. The standard library's urllib is enough here: one JSON request at a time,
 no session state worth a dependency.
 """
@@ -19,6 +22,22 @@ import urllib.request
 from typing import Any, Callable
 
 from reconciler.core.errors import PermanentError, TemporaryError
+
+IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE"})
+
+
+class AnswerLost(TemporaryError):
+    """A call that may have taken effect at the provider had no answer (a timeout, a dropped
+    connection, a 5xx): retrying it blindly could do it twice."""
+
+
+class ApiError(PermanentError):
+    """A 4xx other than 429, with the provider's error code when it gives one (Lambda's
+    ``error.code``, Targon's ``reason``): adapters decide on the code, never on the message."""
+
+    def __init__(self, message: str, status: int, code: str | None):
+        super().__init__(message)
+        self.status, self.code = status, code
 
 
 class TokenBucket:
@@ -75,7 +94,10 @@ class ApiClient:
         self._lock = threading.Lock()
 
     def request(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None,
-                ok_missing: bool = False) -> Any:
+                ok_missing: bool = False, idempotent: bool | None = None) -> Any:
+        """One call; ``idempotent`` (default: by method) says whether a lost answer may be retried."""
+        if idempotent is None:
+            idempotent = method in IDEMPOTENT
         url = self.base + path
         if query:
             from urllib.parse import urlencode
@@ -105,15 +127,24 @@ class ApiClient:
                     last = TemporaryError(f"{self.name}: rate limited (429) on {method} {path}",
                                           retry_after=min(wait, self.max_backoff))
                 elif e.code >= 500:
-                    last = TemporaryError(f"{self.name}: {method} {path}: HTTP {e.code}: {_message(text)}")
+                    why = f"{self.name}: {method} {path}: HTTP {e.code}: {_message(text)}"
+                    if not idempotent:
+                        raise AnswerLost(why) from None
+                    last = TemporaryError(why)
                     time.sleep(min(delay, self.max_backoff))
                 else:
-                    raise PermanentError(f"{self.name}: {method} {path}: HTTP {e.code}: {_message(text)}") from None
+                    raise ApiError(f"{self.name}: {method} {path}: HTTP {e.code}: {_message(text)}", e.code,
+                                   _code(text)) from None
             except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
                 reason = getattr(e, "reason", e)
-                last = TemporaryError(f"{self.name}: {method} {path}: {reason}")
+                why = f"{self.name}: {method} {path}: {reason}"
+                if not idempotent:
+                    raise AnswerLost(why) from None
+                last = TemporaryError(why)
                 time.sleep(min(delay, self.max_backoff))
             except json.JSONDecodeError:
+                if not idempotent:
+                    raise AnswerLost(f"{self.name}: {method} {path}: the answer is not JSON") from None
                 raise TemporaryError(f"{self.name}: {method} {path}: the answer is not JSON") from None
             delay = min(delay * 2, self.max_backoff)
         raise last
@@ -131,6 +162,19 @@ def _retry_after(value: str | None) -> float | None:
             return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
         except (TypeError, ValueError):
             return None
+
+
+def _code(text: str) -> str | None:
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    err = doc.get("error")
+    if isinstance(err, dict):
+        return str(err.get("code")) if err.get("code") else None
+    return str(doc["reason"]) if doc.get("reason") else None
 
 
 def _message(text: str) -> str:
@@ -155,15 +199,21 @@ class HttpAdapter:
 
     api = "http"  # the bucket's namespace, per API
     default_base = ""
+    default_rate: tuple[float, int] | None = None  # the provider's documented rate, when rateLimit is not set
 
     def __init__(self, provider, ctx):
+        from .names import book_for
+
         self.provider, self.ctx = provider, ctx
         spec = provider.spec
         base = spec.endpoint or self.default_base
+        rate, burst = spec.rateLimit.requestsPerSecond, spec.rateLimit.burst
+        if self.default_rate is not None and "rateLimit" not in spec.model_fields_set:
+            rate, burst = self.default_rate
         self.client = ApiClient(f"provider {provider.metadata.name}", base, {},
-                                bucket_for((self.api, base, provider.metadata.name), spec.rateLimit.requestsPerSecond,
-                                           spec.rateLimit.burst))
+                                bucket_for((self.api, base, provider.metadata.name), rate, burst))
         self.dropped: list[str] = []  # why rentals of the last inventory were left out (bad ids)
+        self.book = book_for(getattr(ctx, "state_dir", None), provider.metadata.name)
 
     @property
     def calls(self) -> int:

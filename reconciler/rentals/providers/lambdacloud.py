@@ -1,30 +1,50 @@
 """Lambda Cloud: on-demand GPU instances.
 
-The calls (``https://cloud.lambdalabs.com/api/v1``, ``Authorization: Bearer <key>``):
+The calls (``https://cloud.lambda.ai/api/v1``, the production server of the Lambda Cloud OpenAPI
+1.10.0, which calls cloud.lambdalabs.com deprecated; ``Authorization: Bearer <key>``):
 - ``GET /ssh-keys`` / ``POST /ssh-keys {name, public_key}``: the reconciler's key, registered once;
+- ``GET /instance-types``: ``regions_with_capacity_available`` per type, where an offer without a
+  region is launched (and whether its region has capacity now);
 - ``POST /instance-operations/launch {region_name, instance_type_name, ssh_key_names, quantity: 1,
-  name}`` → ``{data: {instance_ids: [...]}}``;
-- ``GET /instances`` → ``{data: [{id, name, ip, status, instance_type: {name}, ...}]}``: the whole
-  inventory with every endpoint in one call (status booting → active; unhealthy, terminating,
-  terminated);
-- ``POST /instance-operations/terminate {instance_ids}``.
+  name, tags}`` → ``{data: {instance_ids: [...]}}`` (region_name, instance_type_name and exactly one
+  ssh key name are required; name ≤ 64 characters);
+- ``GET /instances`` → ``{data: [{id, name, ip, status, instance_type: {name}, tags, ...}]}``: the
+  whole inventory with every endpoint in one call (status booting, active, unhealthy,
+  terminating, terminated, preempted);
+- ``POST /instance-operations/terminate {instance_ids}`` (404 ``global/object-does-not-exist``: gone).
 
-Lambda documents tight limits on launches (about one per 10 to 12 s) and answers 429 without
-Retry-After: the shared token bucket and the client's backoff keep to them. Instances are found
-again by name.
+Instances carry no creation time (the OpenAPI's Instance has none): the adapter records when it
+asked for or first saw each one (names.py), so provisionTimeout, maxDuration and orphanGrace count.
+Names: ``offers.provider_name`` (a hash, within the 64), with the reconciler's name in the tag
+``rc-rental`` (tag keys ``^[a-z][a-z0-9-:]+$`` ≤ 55, values ≤ 128: RequestedTagEntry).
+
+Rate: "about 1 request per second", launches 1 per 12 s (OpenAPI 1.10.0 description; older docs
+said 1 per 10 s), answered with a 429 without Retry-After: 1 request/s is the default when the
+Provider sets no rateLimit, and launches are paced apart here.
 """
 
 from __future__ import annotations
 
-from reconciler.core.errors import TemporaryError
-from reconciler.spec.models import Offer, Provider
-from reconciler.core.runstatus import parse_iso
-from .base import AdapterContext, Rental, offer_resource, public_key, rental_id, valid_rentals
-from .http import HttpAdapter
+import threading
+import time
 
-BASE = "https://cloud.lambdalabs.com/api/v1"
+from reconciler.core.errors import TemporaryError
+from reconciler.spec.models.provider import Offer, Provider
+from reconciler.spec.offers import provider_name
+from .base import AdapterContext, OfferUnavailable, Rental, offer_resource, parse_time, public_key, rental_id, \
+    valid_rentals
+from .http import AnswerLost, ApiError, HttpAdapter
+
+BASE = "https://cloud.lambda.ai/api/v1"
+# InstanceStatus in the OpenAPI 1.10.0. A preempted instance is lost: it is failed, so the
+# reconciler gives it back and replaces it. Unhealthy could be restarted; giving it back is safer.
 STATES = {"booting": "provisioning", "active": "running", "unhealthy": "failed", "terminating": "terminating",
-          "terminated": "terminated"}
+          "terminated": "terminated", "preempted": "failed"}
+LAUNCH_INTERVAL = 12.0  # seconds between launches (OpenAPI 1.10.0: 1 per 12 s)
+NO_CAPACITY = "instance-operations/launch/insufficient-capacity"
+TAG = "rc-rental"
+_LAUNCHES: dict[tuple, float] = {}  # (base, provider) → when the last launch was sent, per process
+_LAUNCH_LOCK = threading.Lock()
 
 
 def make(provider: Provider, ctx: AdapterContext) -> "LambdaAdapter":
@@ -34,6 +54,7 @@ def make(provider: Provider, ctx: AdapterContext) -> "LambdaAdapter":
 class LambdaAdapter(HttpAdapter):
     api = "lambda"
     default_base = BASE
+    default_rate = (1.0, 1)
 
     def __init__(self, provider: Provider, ctx: AdapterContext):
         super().__init__(provider, ctx)
@@ -49,24 +70,76 @@ class LambdaAdapter(HttpAdapter):
             if " ".join(str(item.get("public_key", "")).split()[:2]) == mine:
                 self._key_name = item["name"]
                 return self._key_name
-        name = f"reconciler-{self.provider.metadata.name}"
+        name = f"reconciler-{self.provider.metadata.name}"[:64]  # SSH key names: 1-64 characters
         self.client.request("POST", "/ssh-keys", {"name": name, "public_key": mine})
         self._key_name = name
         return name
 
+    def _region(self, offer: Offer) -> str:
+        """The offer's region when it has capacity there, else any region with capacity for its type."""
+        doc = self.client.request("GET", "/instance-types") or {}
+        entry = (doc.get("data") or {}).get(offer_resource(offer)) or {}
+        regions = [r.get("name") for r in entry.get("regions_with_capacity_available") or [] if isinstance(r, dict)]
+        regions = [r for r in regions if r]
+        if offer.region and offer.region in regions:
+            return offer.region
+        if not offer.region and regions:
+            return sorted(regions)[0]
+        where = f"in {offer.region}" if offer.region else "in any region"
+        raise OfferUnavailable(f"provider {self.provider.metadata.name}: no capacity for {offer_resource(offer)} "
+                               f"{where} now", offer.id)
+
+    def _pace(self) -> None:
+        key = (self.client.base, self.provider.metadata.name)
+        with _LAUNCH_LOCK:
+            wait = _LAUNCHES.get(key, 0.0) + LAUNCH_INTERVAL - time.monotonic()
+            if wait > 0:
+                raise TemporaryError(f"provider {self.provider.metadata.name}: one launch per {LAUNCH_INTERVAL:g}s "
+                                     "(Lambda's launch limit); the next pass launches", retry_after=wait)
+            _LAUNCHES[key] = time.monotonic()
+
     def provision(self, name: str, offer: Offer) -> Rental:
         self._auth()
-        body = {"instance_type_name": offer_resource(offer), "ssh_key_names": [self._ssh_key()], "quantity": 1,
-                "name": name, "file_system_names": []}
-        if offer.region:
-            body["region_name"] = offer.region
-        doc = self.client.request("POST", "/instance-operations/launch", body) or {}
+        tried = provider_name(name) in self.book.names  # asked for before: its answer may have been lost
+        pname = self.book.remember(name)  # before the launch: a lost answer is still recognised
+        found = self._find(pname) if tried else None
+        if found is not None:
+            return self._adopt(found, name, offer)
+        body = {"region_name": self._region(offer), "instance_type_name": offer_resource(offer),
+                "ssh_key_names": [self._ssh_key()], "quantity": 1, "name": pname, "file_system_names": []}
+        if len(name) <= 128:  # RequestedTagEntry.value maxLength 128
+            body["tags"] = [{"key": TAG, "value": name}]
+        self._pace()
+        try:
+            doc = self.client.request("POST", "/instance-operations/launch", body) or {}
+        except AnswerLost as e:
+            found = self._find(pname)
+            if found is None:
+                raise TemporaryError(f"{e}; no instance named {pname} yet: the next pass looks again") from None
+            return self._adopt(found, name, offer)
+        except ApiError as e:
+            if e.code == NO_CAPACITY:  # a 400, but about now, not about the request
+                raise OfferUnavailable(str(e), offer.id) from None
+            raise
         ids = ((doc.get("data") or {}).get("instance_ids")) or []
         if not ids:
             raise TemporaryError(f"provider {self.provider.metadata.name}: launch returned no instance id")
         iid = rental_id(self.provider.metadata.name, ids[0], "launch")
-        return Rental(id=iid, name=name, state="provisioning", offer=offer.id,
-                      price_per_hour=offer.price_per_hour)
+        return Rental(id=iid, name=name, state="provisioning", offer=offer.id, price_per_hour=offer.price_per_hour,
+                      created_at=self.book.first_seen(iid))
+
+    def _find(self, pname: str) -> dict | None:
+        doc = self.client.request("GET", "/instances") or {}
+        for item in doc.get("data") or []:
+            if isinstance(item, dict) and item.get("name") == pname and item.get("id") and \
+                    STATES.get(str(item.get("status") or "").lower()) not in ("terminating", "terminated"):
+                return item
+        return None
+
+    def _adopt(self, item: dict, name: str, offer: Offer) -> Rental:
+        iid = rental_id(self.provider.metadata.name, item["id"], "GET /instances")
+        return Rental(id=iid, name=name, state=STATES.get(str(item.get("status") or "").lower(), "provisioning"),
+                      offer=offer.id, price_per_hour=offer.price_per_hour, created_at=self.book.first_seen(iid))
 
     def inventory(self) -> list[Rental]:
         self._auth()
@@ -75,25 +148,33 @@ class LambdaAdapter(HttpAdapter):
         for item in doc.get("data") or []:
             if not isinstance(item, dict) or not item.get("id"):
                 continue
-            state = STATES.get(str(item.get("status") or "").lower(), "provisioning")
-            ip = item.get("ip")
-            if state == "running" and not ip:
-                state = "provisioning"
-            itype = (item.get("instance_type") or {}).get("name")
-            offer = self._offers.get(itype)
-            cents = (item.get("instance_type") or {}).get("price_cents_per_hour")
-            price = cents / 100.0 if isinstance(cents, (int, float)) else (offer.price_per_hour if offer else None)
-            created = item.get("created_at") or item.get("launched_at")
-            out.append(Rental(id=str(item["id"]), name=str(item.get("name") or ""), state=state,
-                              host=ip if state == "running" else None,
-                              port=self.provider.spec.ssh.port if state == "running" else None,
-                              user=self.provider.spec.ssh.user, price_per_hour=price,
-                              created_at=parse_iso(created) if isinstance(created, str) else None,
-                              offer=offer.id if offer else None))
+            out.append(self._rental(item))
         self.dropped = []
-        return valid_rentals(self.provider.metadata.name, out, self.dropped)
+        out = valid_rentals(self.provider.metadata.name, out, self.dropped)
+        self.book.forget_except({r.id for r in out})
+        return out
+
+    def _rental(self, item: dict) -> Rental:
+        state = STATES.get(str(item.get("status") or "").lower(), "provisioning")
+        ip = item.get("ip")
+        if state == "running" and not ip:
+            state = "provisioning"
+        pname = str(item.get("name") or "")
+        tags = {t.get("key"): t.get("value") for t in item.get("tags") or [] if isinstance(t, dict)}
+        name = self.book.resolve(pname, tags.get(TAG)) or pname
+        itype = (item.get("instance_type") or {}).get("name")
+        offer = self._offers.get(itype)
+        cents = (item.get("instance_type") or {}).get("price_cents_per_hour")
+        price = cents / 100.0 if isinstance(cents, (int, float)) else (offer.price_per_hour if offer else None)
+        created = parse_time(item.get("created_at")) or (
+            self.book.first_seen(str(item["id"])) if name != pname or pname.startswith("rc-") else None)
+        return Rental(id=str(item["id"]), name=name, state=state, host=ip if state == "running" else None,
+                      port=self.provider.spec.ssh.port if state == "running" else None,
+                      user=self.provider.spec.ssh.user, price_per_hour=price, created_at=created,
+                      offer=offer.id if offer else None)
 
     def terminate(self, rental_id_: str) -> None:
         self._auth()
         iid = rental_id(self.provider.metadata.name, rental_id_, "terminate")
-        self.client.request("POST", "/instance-operations/terminate", {"instance_ids": [iid]}, ok_missing=True)
+        self.client.request("POST", "/instance-operations/terminate", {"instance_ids": [iid]}, ok_missing=True,
+                            idempotent=True)  # terminating twice ends the same instance: safe to repeat

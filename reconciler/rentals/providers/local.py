@@ -36,7 +36,7 @@ from pathlib import Path
 
 from reconciler.core import procenv
 from reconciler.core.errors import PermanentError, TemporaryError
-from reconciler.spec.models import Offer, Provider
+from reconciler.spec.models.provider import Offer, Provider
 from .base import AdapterContext, Rental
 
 SSHD = "/usr/sbin/sshd"
@@ -199,6 +199,9 @@ class LocalAdapter:
             f"SetEnv PATH={bindir}:/usr/local/bin:/usr/bin:/bin", ""]))
         if os.geteuid() == 0:
             os.makedirs("/run/sshd", exist_ok=True)
+        # An sshd started by a process killed before it recorded it (kill -9 mid-boot) is still
+        # listening on its own port: stop it before starting this one, never two per rental.
+        _stop_sshds(d)
         log = open(d / "sshd.log", "ab")
         try:
             # procenv's base, not this process's environment: a rental logging in as the same user
@@ -207,6 +210,11 @@ class LocalAdapter:
                                     stderr=log, start_new_session=True, env=procenv.base())
         finally:
             log.close()
+        # Recorded at once, before the wait for the port: the rental's meta.json learns the pid
+        # only when the boot is done, and a process killed before then must not lose it.
+        with open(d / SSHD_PIDS, "a") as fh:
+            fh.write(f"{proc.pid}\n")
+        _after_sshd_start()
         deadline = time.monotonic() + 10
         while not _port_open(port):
             if proc.poll() is not None:
@@ -231,6 +239,7 @@ class LocalAdapter:
                 os.killpg(pid, signal.SIGKILL)  # sshd and its sessions (their own process group)
             except (ProcessLookupError, PermissionError):
                 pass
+        _stop_sshds(d)  # any that a killed process started and never recorded in meta.json
         user = meta.get("user")
         if self.root_mode and user and user.startswith("rcl"):
             # Everything the rental ran dies with it, as on a machine that is switched off.
@@ -249,6 +258,35 @@ class LocalAdapter:
                       port=meta.get("port"), user=meta.get("user"), price_per_hour=meta.get("price_per_hour"),
                       created_at=meta.get("created_at"), offer=meta.get("offer"), message=meta.get("message", ""),
                       workspace_root=meta.get("workspace_root"), host_key=meta.get("host_key"))
+
+
+SSHD_PIDS = "sshd.pids"  # every sshd started for the rental, one pid a line
+
+
+def _after_sshd_start() -> None:
+    """A seam: nothing here; the crash tests replace it to die as kill -9 would, mid-boot."""
+
+
+def _stop_sshds(d: Path) -> None:
+    """Stop every sshd started for the rental in ``d`` that still runs: those recorded in
+    ``SSHD_PIDS`` and sshd's own PidFile. A pid counts only while its command line still names
+    this rental's sshd_config, so a pid reused by another process is never touched."""
+    pids: set[int] = set()
+    for name in (SSHD_PIDS, "sshd.pid"):
+        try:
+            pids.update(int(x) for x in (d / name).read_text().split() if x.isdigit())
+        except OSError:
+            continue
+    config = b" " + str(d / "sshd_config").encode() + b" "
+    for pid in sorted(pids):
+        try:
+            # sshd rewrites its title ("sshd: /usr/sbin/sshd -D -e -f CONFIG [listener] ..."): the
+            # arguments may come separated by spaces rather than NULs.
+            if config not in b" " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ") + b" ":
+                continue
+            os.killpg(pid, signal.SIGKILL)  # its own session: sshd and its logins
+        except (OSError, ProcessLookupError):
+            continue
 
 
 def _gpus(offer: Offer, reported: str | None) -> list[dict]:

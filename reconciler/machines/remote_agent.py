@@ -1,0 +1,78 @@
+"""The machine agent as one program for ``python3``: the runtime's agent modules and their loader.
+
+The agent is several modules (``runtime/probe.py`` and the siblings it imports), yet observing a
+machine must stay one round trip and leave nothing on it but the one staged file it always had.
+So the SSH transport sends one program: each module's source as a string (in ``AGENT_MODULES``'
+order, each after those it imports) and a few lines that make them modules from those strings (no
+temporary files), then run the probe's entry point. The local transport imports the same modules
+normally.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from reconciler.runtime import AGENT_MODULES
+from reconciler.runtime import probe as agent_module
+
+# argv words beyond this size are embedded into the agent program instead (MAX_ARG_STRLEN is 128 KiB).
+ARGV_LIMIT = 64 * 1024
+_LOADER = '''
+
+def _load():
+    """The agent's modules, made from their sources above as one package, so that their relative
+    imports find one another; nothing is written to the machine."""
+    import types
+
+    package = types.ModuleType(PACKAGE)
+    package.__path__ = []
+    sys.modules[PACKAGE] = package
+    for name, source in SOURCES.items():
+        module = types.ModuleType(f"{PACKAGE}.{name}")
+        module.__package__ = PACKAGE
+        sys.modules[module.__name__] = module
+        exec(compile(source, name + ".py", "exec"), module.__dict__)
+    return sys.modules[f"{PACKAGE}.probe"]
+
+
+main = _load().main
+'''
+_MAIN = "sys.exit(main(sys.argv))\n"
+_AGENT_SOURCE: str | None = None
+_AGENT_HASH: str | None = None
+
+
+def agent_source() -> str:
+    global _AGENT_SOURCE
+    if _AGENT_SOURCE is None:
+        here = Path(agent_module.__file__).parent
+        sources = {name: (here / f"{name}.py").read_text(encoding="utf-8") for name in AGENT_MODULES}
+        _AGENT_SOURCE = ("import sys\n\nPACKAGE = \"reconciler_agent\"\nSOURCES = {\n"
+                         + "".join(f"    {name!r}: {text!r},\n" for name, text in sources.items())
+                         + "}\n" + _LOADER + _MAIN)
+    return _AGENT_SOURCE
+
+
+def agent_hash() -> str:
+    global _AGENT_HASH
+    if _AGENT_HASH is None:
+        import hashlib
+
+        _AGENT_HASH = hashlib.sha256(agent_source().encode()).hexdigest()[:16]
+    return _AGENT_HASH
+
+
+def agent_program(args: dict) -> tuple[str, list[str]]:
+    """The program for ``python3 -`` and its argv: arguments as argv, or embedded when large."""
+    text = json.dumps(args, separators=(",", ":"), sort_keys=True)
+    source = agent_source()
+    if len(text) <= ARGV_LIMIT:
+        return source, [text]
+    head, sep, _ = source.rpartition(_MAIN)
+    if not sep:
+        raise RuntimeError("the agent program lost its entry point")
+    return head + f"sys.exit(main(['-', {text!r}]))\n", []
+
+
+__all__ = ["ARGV_LIMIT", "agent_hash", "agent_program", "agent_source"]

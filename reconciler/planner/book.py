@@ -1,0 +1,114 @@
+"""The book one plan keeps while it is computed: every cache and running tally its decisions share.
+
+Placements within a plan depend on each other (a machine taken, a rental asked for, a run
+preempted, a team's quota used), so they all read and update one PlanBook, created per plan and
+passed explicitly; nothing of it outlives the plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from reconciler.core.identity import parse
+from reconciler.core.observed import ObservedRental, ObservedWorld
+from reconciler.core.runstatus import TERMINAL, RunStatus
+from reconciler.spec.load import DesiredState
+from reconciler.spec.models.provider import Offer
+from reconciler.spec.resolve import Effective, effective
+
+from .quota import Quotas
+
+LIVE = ("provisioning", "running")
+
+
+@dataclass
+class PlanBook:
+    """What one plan knows and has decided so far, beyond its changes: created once per
+    ``make_plan`` call and passed to every decision, so that placements see each other's room."""
+
+    desired: DesiredState
+    world: ObservedWorld
+    previous: dict[str, RunStatus]
+    now: float
+    namespace: str
+    bad_offers: dict[tuple[str, str], float] = field(default_factory=dict)  # (provider, offer) → until
+    spend: dict[str, float] = field(default_factory=dict)  # provider → what its rentals cost so far
+    held: dict[str, str] = field(default_factory=dict)  # machine → the run holding it
+    released: dict[str, object] = field(default_factory=dict)  # machine → its release change
+    planned: list[tuple[str, float]] = field(default_factory=list)  # (provider, price) of this plan's provisions
+    # The planner's caches for owned machines, kept here because the book lives for one plan:
+    candidates: dict = field(default_factory=dict)  # (placement, target) → the candidate slots
+    no_room: dict = field(default_factory=dict)  # a request that found no room → the reasons
+    rooms: dict = field(default_factory=dict)  # id(candidate list) → its RoomIndex
+    preempted: dict = field(default_factory=dict)  # run name → (Kill, why): stopped for a higher priority
+    slots: dict = field(default_factory=dict)  # owned machine → its Slot: room left, shrinking as runs are placed
+    quotas: Quotas | None = None  # the teams' usage, growing as runs are placed (None: no Policy)
+    _runs_on: dict | None = None  # machine → names of the runs live there or placed there by this plan
+    _effective: dict = field(default_factory=dict)  # id(run) → (run, its Effective)
+    resources_memo: dict = field(default_factory=dict)  # resources overrides → validated Resources
+
+    def effective(self, entry) -> Effective:
+        """The run's effective spec, resolved once per plan: every decision about one run (quota,
+        placement, its gang's nodes) reads the same object rather than revalidating the models."""
+        run = entry.run
+        found = self._effective.get(id(run))
+        if found is None or found[0] is not run:
+            found = self._effective[id(run)] = (
+                run, effective(run, self.desired.templates[run.spec.template], self.resources_memo))
+        return found[1]
+
+    def placed_on(self, machine: str, name: str) -> None:
+        self._on().setdefault(machine, set()).add(name)
+
+    def _on(self) -> dict:
+        if self._runs_on is None:
+            self._runs_on = {}
+            for m in self.world.machines.values():
+                for r in m.runs.values():
+                    p = parse(r.identity)
+                    if r.alive and p is not None:
+                        self._runs_on.setdefault(m.name, set()).add(p.name)
+        return self._runs_on
+
+    def runs_with(self, machine: str, labels: dict[str, str], other_than: str) -> list[str]:
+        """The runs on ``machine`` (live, or placed by this plan) whose labels include ``labels``."""
+        out = []
+        for name in sorted(self._on().get(machine, ())):
+            entry = self.desired.runs.get(name)
+            if name != other_than and entry is not None and all(
+                    entry.run.metadata.labels.get(k) == v for k, v in labels.items()):
+                out.append(name)
+        return out
+
+    def __post_init__(self):
+        for name, st in self.previous.items():
+            m = st.handle.machine if st.handle is not None else None
+            if m in self.world.rentals and st.phase not in TERMINAL:
+                self.held.setdefault(m, name)
+            r = (st.handle.rental or {}) if st.handle is not None else {}
+            # A run still provisioning holds its rental before it has a machine.
+            if st.phase == "Provisioning" and r.get("provider") and r.get("id"):
+                self.held.setdefault(f"{r['provider']}/{r['id']}", name)
+
+    def offer(self, r: ObservedRental) -> Offer | None:
+        p = self.desired.providers.get(r.provider)
+        return next((o for o in p.spec.offers if o.id == r.offer), None) if p is not None else None
+
+    def busy(self, machine: str) -> bool:
+        m = self.world.machines.get(machine)
+        return m is not None and any(x.alive or not x.collected for x in m.runs.values())
+
+    def live(self, provider: str) -> tuple[int, float]:
+        count, price = 0, 0.0
+        for r in self.world.rentals.values():
+            if r.provider == provider and r.state in LIVE and r.machine not in self.released:
+                count += 1
+                price += r.price_per_hour or 0.0
+        for p, pr in self.planned:
+            if p == provider:
+                count += 1
+                price += pr
+        return count, price
+
+    def is_bad(self, provider: str, offer: str | None) -> bool:
+        return offer is not None and self.bad_offers.get((provider, offer), 0) > self.now
