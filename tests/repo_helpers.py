@@ -161,13 +161,17 @@ def _account(uid: int) -> str:
         return ""
 
 
-def processes_with(text: str) -> list[int]:
+def processes_with(text: str, under: int | None = None) -> list[int]:
     """Live pids whose environment or command line mentions ``text`` (this process excluded, and
-    those of another test worker's account)."""
+    those of another test worker's account). ``under``: only descendants of that pid, so that a
+    test looks at the processes it started and not at another suite's running beside it."""
+    from tests.infra._proc import descendants
+
     needle = text.encode()
+    mine = set(descendants(under)) if under is not None else None
     pids = []
     for pid, _ in _live_processes():
-        if pid == os.getpid() or _other_workers_account(pid):
+        if pid == os.getpid() or _other_workers_account(pid) or (mine is not None and pid not in mine):
             continue
         for part in ("cmdline", "environ"):
             try:

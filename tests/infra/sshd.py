@@ -180,6 +180,11 @@ class SshServer:
             raise RuntimeError(f"sshd rejected {self.config_file}: {check.stderr.strip()}")
 
     @property
+    def pid(self) -> int | None:
+        """sshd's own pid: every session it serves is among its descendants."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 

@@ -234,17 +234,18 @@ def test_a_kept_connection_probes_through_a_resident_helper(sshd, root, bundle_d
     that died is replaced; closing the connection ends it."""
     from tests.repo_helpers import processes_with
 
+    # Only this sshd's sessions: another suite beside this one may run the same agent as the same login.
     kept, fresh = SshTransport(info(sshd, root)), SshTransport(info(sshd, root))
     kept.kept = True
     marker = f"agent-{agent_hash()}.py\0--serve"  # its command line (arguments NUL-separated)
     try:
         kept.stage(bundle_dir, "r-g1-a1")
         first = kept.agent({"op": "probe", "names": ["r"]})  # stages the probe; no helper yet
-        assert not processes_with(marker)
+        assert not processes_with(marker, under=sshd.pid)
         second = kept.agent({"op": "probe", "names": ["r"]})
-        [helper] = processes_with(marker)
+        [helper] = processes_with(marker, under=sshd.pid)
         third = kept.agent({"op": "probe", "names": ["r"]})
-        assert processes_with(marker) == [helper]  # the same helper answered again
+        assert processes_with(marker, under=sshd.pid) == [helper]  # the same helper answered again
         expected = fresh.agent({"op": "probe", "names": ["r"]})
         for report in (first, second, third):
             assert {k: v for k, v in report.items() if k != "now"} == {k: v for k, v in expected.items() if k != "now"}
@@ -252,13 +253,13 @@ def test_a_kept_connection_probes_through_a_resident_helper(sshd, root, bundle_d
         os.kill(helper, 9)  # a helper that died: that probe still answers, and a new helper follows
         assert kept.agent({"op": "probe", "names": ["r"]})["runs"].keys() == {"r-g1-a1"}
         kept.agent({"op": "probe", "names": ["r"]})
-        [again] = processes_with(marker)
+        [again] = processes_with(marker, under=sshd.pid)
         assert again != helper
         kept.close()
         deadline = time.monotonic() + 10
-        while processes_with(marker) and time.monotonic() < deadline:
+        while processes_with(marker, under=sshd.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not processes_with(marker)
+        assert not processes_with(marker, under=sshd.pid)
     finally:
         kept.close()
         fresh.close()
