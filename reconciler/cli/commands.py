@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 import time
+from difflib import get_close_matches
 from pathlib import Path
 
 from reconciler.core import config as configs
@@ -45,13 +46,34 @@ def run(name: str, args: argparse.Namespace) -> int:
         return 0
     if name == "provenance":
         from reconciler.artifacts.provenance import cmd_provenance
+        from reconciler.core.identity import parse as parse_identity
 
-        return cmd_provenance(args, _cfg(args))
+        cfg = _cfg(args)
+        for wanted in (args.name, getattr(args, "diff", None)):
+            # An identity (NAME-gG-aA) is looked up among the manifests, a run name by its status.
+            if wanted and parse_identity(wanted) is None and statuses.load_one(cfg.repo / "status", wanted) is None:
+                raise no_such_run(wanted, status_names(cfg))
+        return cmd_provenance(args, cfg)
     if name == "daemon":
         from reconciler.daemon.service import main as daemon_main
 
         return daemon_main(args)
     raise UsageError(f"unknown command {name}")
+
+
+def status_names(cfg: configs.Config) -> list[str]:
+    """The runs that have a status file, for the nearest name to one that is not there."""
+    try:
+        return sorted(p.stem for p in (cfg.repo / "status").glob("*.yaml") if not p.name.startswith("."))
+    except OSError:
+        return []
+
+
+def no_such_run(name: str, known) -> UsageError:
+    """The one error of every command given a run NAME that is not there: a usage error (exit 2),
+    like an unknown command, since it is a name the user typed; the nearest name when one is close."""
+    close = get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    return UsageError(f"no run {name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
 
 
 def _require_specs(cfg: configs.Config) -> None:
@@ -240,7 +262,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     change = result.plan.for_run(args.name)
     st = statuses.load_one(cfg.repo / "status", args.name)
     if change is None and st is None:
-        raise UsageError(f"no run named {args.name!r} (no spec, no status)")
+        raise no_such_run(args.name, {*desired.runs, *status_names(cfg)})
     entry = desired.runs.get(args.name)
     value, cls = priority_of(desired, entry)
     q = Quotas.build(desired, result.world, {})
@@ -362,8 +384,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.name:
         st = all_status.get(args.name)
         if st is None:
-            print(f"reconcile status: no status for run {args.name!r}", file=sys.stderr)
-            return 1
+            raise no_such_run(args.name, all_status)
         if args.json:
             print(json.dumps(st.model_dump(mode="json", exclude_none=True), indent=2, sort_keys=True))
         else:
@@ -387,5 +408,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     from .logs import follow_logs
 
     cfg = _cfg(args)
+    if statuses.load_one(cfg.repo / "status", args.name) is None:
+        raise no_such_run(args.name, status_names(cfg))
     return follow_logs(cfg, args.name, args.stream, args.lines, args.follow, as_json=args.json,
                        raw=True if getattr(args, "raw", False) else None)

@@ -1,13 +1,14 @@
 # PYTHON_ARGCOMPLETE_OK
 """The command line, and nothing else: parse arguments, call the package, choose the exit code.
 
-Exit codes: 0 success; 1 invalid specs, a failed check, a run that is not there, or an action of a
-``--once`` pass that failed; 2 usage or I/O error. A user error is a message, never a traceback.
+Exit codes: 0 success; 1 invalid specs, a failed check, or an action of a ``--once`` pass that
+failed; 2 usage or I/O error, a run NAME that is not there included (like an unknown command, it is
+a name the user typed). A user error is a message, never a traceback.
 
 The global options (``--repo``, ``--config``, ``--json``, ``--log-format``) may stand before or
 after the command, with the same meaning; each is accepted only by the commands it does
-something for (``reconcile --json validate`` is refused, naming ``--format json``). docs/cli.md
-is the reference, with the JSON shapes.
+something for (``reconcile --json schema`` is refused). ``validate --json`` is ``validate --format
+json``: one spelling for JSON across the commands. docs/cli.md is the reference, with the JSON shapes.
 
 Shell completion is argcomplete's: ``reconcile completion bash`` prints the script, and the shell
 then runs ``reconcile`` with ``_ARGCOMPLETE`` set for each TAB; ``main`` answers those before
@@ -51,7 +52,7 @@ SHELLS = ("bash", "zsh", "fish")
 APPLIES: dict[str, tuple[str, ...]] = {
     "repo": ("validate", "schema", *LOOP, "agent", "once", "daemon"),
     "config": (*LOOP, "once", "daemon"),
-    "json": (*LOOP, "once"),
+    "json": ("validate", *LOOP, "once"),
     "log_format": ("plan", "once", "daemon"),
     # the pass's and the daemon's own flags: before any command, never with one
     "dry_run": ("once",),
@@ -61,7 +62,7 @@ APPLIES: dict[str, tuple[str, ...]] = {
     "listen": ("daemon",),
 }
 FLAG = {dest: "--" + dest.replace("_", "-") for dest in APPLIES}
-HINT = {("json", "validate"): "use --format json", ("json", "daemon"): "use --log-format json for its log lines"}
+HINT = {("json", "daemon"): "use --log-format json for its log lines"}
 DEFAULTS = {"repo": None, "config": None, "json": False, "log_format": None, "once": False, "dry_run": False,
             "no_commit": False, "poll_interval": None, "resync_interval": None, "listen": None}
 
@@ -107,6 +108,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from reconciler.core.diagnostics import render
     from reconciler.spec.load import is_spec_repo, load_tree, yaml_files
 
+    fmt = _validate_format(args)
     paths = [Path(p) for p in args.paths]
     for p in paths:
         if not p.exists():
@@ -126,10 +128,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return 2
     desired = load_tree(root, only=only)
     checked = len(only) if only is not None else len(desired.files)
-    out = render(desired.diagnostics, args.format, checked)
+    out = render(desired.diagnostics, fmt, checked)
     if out:
         print(out)
     return 1 if desired.diagnostics else 0
+
+
+def _validate_format(args: argparse.Namespace) -> str:
+    """--json is --format json; with another --format the two disagree, and neither may win silently."""
+    if args.json and args.format not in (None, "json"):
+        raise UsageError(f"--json and --format {args.format} disagree; give one of them")
+    return args.format or ("json" if args.json else "text")
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -247,8 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _build_command(p: argparse.ArgumentParser, name: str) -> None:
     if name == "validate":
         p.add_argument("paths", nargs="*", metavar="PATH", help="files or folders (default: the whole repository)")
-        p.add_argument("--format", choices=["text", "json", "github"], default="text")
-        _add_command_globals(p, name, repo="repository root (default: found from the paths or the current directory)")
+        # No default (text is the default): a --format given must be told apart from --json alone.
+        p.add_argument("--format", choices=["text", "json", "github"], default=None)
+        _add_command_globals(p, name, repo="repository root (default: found from the paths or the current directory)",
+                             json="the result as JSON (the same as --format json)")
     elif name == "schema":
         p.add_argument("--check", action="store_true", help="exit 1 if schemas/ differs from the models")
         _add_command_globals(p, name)
