@@ -17,7 +17,7 @@ import pytest
 
 import reconciler
 from reconciler.cli import main as cli
-from tests.repo_helpers import make_repo, pass_until, reconciler as make_reconciler, run_spec
+from tests.repo_helpers import make_repo, run_spec
 
 REPO = Path(__file__).resolve().parents[2]
 # Six lines on stdout, the last without its newline; one on stderr.
@@ -31,16 +31,6 @@ def run(*args: str, cwd: Path | None = None, env: dict | None = None, **kw) -> s
                        cwd=cwd or REPO, timeout=60, **kw)
     assert "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
     return r
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory) -> tuple[Path, dict]:
-    """A repository whose run ``hello`` has succeeded on this machine, and the environment to read it."""
-    tmp = tmp_path_factory.mktemp("cli")
-    repo = make_repo(tmp / "repo", {"hello": run_spec("hello", JOB)})
-    ws = tmp / "ws"
-    pass_until(make_reconciler(repo, ws), "hello", "Succeeded")
-    return repo, {"RECONCILER_WORKSPACE_ROOT": str(ws), "RECONCILER_NAMESPACE": "test"}
 
 
 # ---------------------------------------------------------------- --version

@@ -9,19 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.test_cli import JOB, REPO, run
-from tests.repo_helpers import make_repo, pass_until, reconciler as make_reconciler, run_spec
+from tests.cli.test_cli import REPO, run
+from tests.repo_helpers import make_repo, run_spec
 from tests.spec.helpers import TEMPLATE, run_text, write
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory) -> tuple[Path, dict]:
-    """A repository whose run ``hello`` has succeeded on this machine, and the environment to read it."""
-    tmp = tmp_path_factory.mktemp("consistency")
-    repo = make_repo(tmp / "repo", {"hello": run_spec("hello", JOB)})
-    ws = tmp / "ws"
-    pass_until(make_reconciler(repo, ws), "hello", "Succeeded")
-    return repo, {"RECONCILER_WORKSPACE_ROOT": str(ws), "RECONCILER_NAMESPACE": "test"}
 
 
 # ---------------------------------------------------------------- validate --json
