@@ -233,13 +233,9 @@ class LocalAdapter:
             meta = json.loads((d / "meta.json").read_text())
         except (OSError, ValueError):
             meta = {}
-        pid = meta.get("sshd_pid")
-        if pid:
-            try:
-                os.killpg(pid, signal.SIGKILL)  # sshd and its sessions (their own process group)
-            except (ProcessLookupError, PermissionError):
-                pass
-        _stop_sshds(d)  # any that a killed process started and never recorded in meta.json
+        # The sshd in meta.json and any that a killed process started and never recorded there, each
+        # only while it is still this rental's: a pid from an old meta.json may name another process.
+        _stop_sshds(d, (meta["sshd_pid"],) if isinstance(meta.get("sshd_pid"), int) else ())
         user = meta.get("user")
         if self.root_mode and user and user.startswith("rcl"):
             # Everything the rental ran dies with it, as on a machine that is switched off.
@@ -267,11 +263,11 @@ def _after_sshd_start() -> None:
     """A seam: nothing here; the crash tests replace it to die as kill -9 would, mid-boot."""
 
 
-def _stop_sshds(d: Path) -> None:
-    """Stop every sshd started for the rental in ``d`` that still runs: those recorded in
-    ``SSHD_PIDS`` and sshd's own PidFile. A pid counts only while its command line still names
-    this rental's sshd_config, so a pid reused by another process is never touched."""
-    pids: set[int] = set()
+def _stop_sshds(d: Path, known: tuple[int, ...] = ()) -> None:
+    """Stop every sshd started for the rental in ``d`` that still runs: ``known`` ones, those
+    recorded in ``SSHD_PIDS`` and sshd's own PidFile. A pid counts only while its command line still
+    names this rental's sshd_config, so a pid reused by another process is never touched."""
+    pids: set[int] = set(known)
     for name in (SSHD_PIDS, "sshd.pid"):
         try:
             pids.update(int(x) for x in (d / name).read_text().split() if x.isdigit())
