@@ -31,7 +31,13 @@ land on are the machine's own):
 - a crash in the middle of a roll-out: a spec edit, a kill the moment the daemon's pass
   relaunches that run, a second edit of the same run, and a restart on a fresh clone (the path
   where a stale instance could be adopted under the newer spec);
-- ``kill -9`` of a job's process group, found by its identity in ``/proc``;
+- ``kill -9`` of a job's process group, found by its identity in ``/proc``: with ``--ssh``, two
+  in five runs also start a worker in a session of its own that ignores SIGTERM and keeps forking,
+  so a kill of the wrapper's group leaves it running (the worker's own group may be the one killed);
+- with ``--ssh N``: N machines reached over SSH (a real sshd on 127.0.0.11, .12, ...; the
+  ``tests/infra`` server, logging in as ``rcsoak``; needs root), half of the runs placed there, and
+  an sshd stopped now and then for 1-5 s (its processes keep running; within the unreachable grace,
+  so a run there is waited for, not declared lost);
 - spec edits (the command's argv, so the digest changes), additions, removals,
   ``desiredState: Stopped`` flips and back, and corruption (invalid YAML or an unknown key),
   fixed a few seconds later by restoring the previous valid text;
@@ -39,7 +45,12 @@ land on are the machine's own):
   whoever loses must rebase, and no user commit may ever be lost.
 
 The referee: a sampler thread reads the process table every ``SAMPLE_EVERY`` s, an auditor
-thread follows origin and the daemons' logs. Violations, by kind:
+thread follows origin and the daemons' logs, and the attempts sampler reads every process's
+``RECONCILER_IDENTITY`` every ``ATTEMPTS_EVERY`` s. Violations, by kind:
+
+- ``two_attempts``: at any sampled moment, processes of two instances of one run alive at once
+  (two identities, or one identity in two workspaces), in any session or process group, for any
+  time at all. The design stops the old attempt, and confirms it gone, before it starts the next;
 
 - ``double_run``: two live process groups of one run (any identities) for longer than
   ``FENCE_WINDOW``. The design replaces an instance only after the old one is stopped, in the same
@@ -162,20 +173,46 @@ FENCE_WINDOW = PASS_ALLOWANCE + TERMINATE_GRACE + 2 * SAMPLE_EVERY
 STALE_WINDOW = RESYNC_INTERVAL + 2 * PASS_ALLOWANCE + TERMINATE_GRACE + 2 * SAMPLE_EVERY
 LAUNCH_SLACK = POLL_INTERVAL + 2 * PASS_ALLOWANCE
 RESULT_WAIT = 5.0  # how long a vanished group may take to show its result.json
+ATTEMPTS_EVERY = 0.02  # the attempts sampler's period: two attempts of one run alive at once, ever
+# With SSH machines: an sshd stays stopped this long, well inside the unreachable grace, so a run
+# there is waited for and never declared lost (a run declared lost is relaunched elsewhere while
+# the partitioned machine may still run the old attempt: the one overlap the design allows, which
+# is not what the attempts sampler looks for).
+SSH_OUTAGE = (1.0, 5.0)
+UNREACHABLE_GRACE = 30.0
+SSH_USER = "rcsoak"  # a login of its own: the tests' rctest accounts are never touched
+# A worker that leaves the job's process group (a session of its own, as torchrun's workers do),
+# ignores SIGTERM (only SIGKILL ends it) and keeps forking children: it outlives a kill of the
+# group and the job's own end, and nothing but a stop by identity ends it.
+WORKER = "setsid sh -c 'trap \"\" TERM; while :; do sleep 0.5; done' </dev/null >/dev/null 2>&1 & "
 
 RECONCILER = ("soak-reconciler", "reconciler@soak.invalid")
 USER = ("Soak User", "user@soak.invalid")
 TERMINAL = ("Succeeded", "Failed", "Terminated")
 
-PLANTABLE = ("double_run", "stale_generation", "outside_status")  # the self-test's (--plant)
+PLANTABLE = ("double_run", "stale_generation", "outside_status", "two_attempts")  # the self-test's (--plant)
 VIOLATION_KINDS = ("double_run", "stale_generation", "invalid_killed", "unexplained_kill", "lost_user_commit",
-                   "outside_status", "daemon_crash", "final_state", "stale_process")
+                   "outside_status", "daemon_crash", "final_state", "stale_process", "two_attempts")
 
 # Relative weights of the faults the chaos loop picks from.
 FAULTS = {
     "edit": 2.5, "add": 1.0, "remove": 0.5, "corrupt": 1.0, "flip": 0.8, "kill_job": 1.5,
     "kill_daemon": 0.5, "kill_after_pass": 0.5, "rollout_crash": 0.4, "race_push": 0.8,
 }
+SSH_FAULTS = {"stop_sshd": 0.6}  # added with SSH machines
+
+SSH_TEMPLATE = """\
+apiVersion: reconciler/v1
+kind: ExecutionTemplate
+id: ssh-host
+description: The soak's SSH machines (sshd on loopback), host processes.
+placement: {kind: ssh}
+launch_mode: {kind: host_process}
+defaults:
+  target: soak
+  runtime_env: {RECONCILER_GPU_SAMPLER: "0"}
+allow_overrides: [resources, runtime_env]
+"""
 
 TEMPLATE = """\
 apiVersion: reconciler/v1
@@ -207,11 +244,14 @@ class JobSpec:
     retries: int
     backoff: float
     desired: str = "Running"
+    template: str = "local-host"
+    worker: bool = False  # the command also starts a worker in a session of its own (WORKER)
 
     def text(self) -> str:
+        command = (WORKER if self.worker else "") + f"sleep {self.sleep}; exit {self.exit_code}"
         return (f"apiVersion: reconciler/v1\nkind: Run\nmetadata:\n  name: {self.name}\nspec:\n"
-                f"  template: local-host\n  desiredState: {self.desired}\n"
-                f"  task:\n    type: command\n    argv: [sh, -c, \"sleep {self.sleep}; exit {self.exit_code}\"]\n"
+                f"  template: {self.template}\n  desiredState: {self.desired}\n"
+                f"  task:\n    type: command\n    argv: [sh, -c, {json.dumps(command)}]\n"
                 f"  restartPolicy: {{maxRetries: {self.retries}, backoffSeconds: {self.backoff:g}}}\n")
 
     @property
@@ -223,15 +263,19 @@ class JobSpec:
 EXIT_CODES = (0, 0, 1, 3, 7)  # two in five runs succeed
 
 
-def random_spec(rng: random.Random, name: str, sleep: tuple[int, int]) -> JobSpec:
-    return JobSpec(name, sleep=rng.randint(*sleep), exit_code=rng.choice(EXIT_CODES), retries=rng.randint(0, 2),
+def random_spec(rng: random.Random, name: str, sleep: tuple[int, int], ssh: bool = False) -> JobSpec:
+    spec = JobSpec(name, sleep=rng.randint(*sleep), exit_code=rng.choice(EXIT_CODES), retries=rng.randint(0, 2),
                    backoff=rng.choice([0.5, 1, 2]))
+    if ssh:  # drawn only with SSH machines, so that a seed without them gives the same runs as before
+        spec.template = rng.choice(["local-host", "ssh-host"])
+        spec.worker = rng.random() < 0.4
+    return spec
 
 
 def corrupt_text(rng: random.Random, text: str) -> str:
     if rng.random() < 0.5:
         return text + "  oops: [this flow sequence is never closed\n"  # not YAML
-    return text.replace("  template: local-host\n", "  template: local-host\n  priority: high\n")  # unknown key
+    return re.sub(r"(?m)^(  template: .*\n)", r"\1  priority: high\n", text, count=1)  # unknown key
 
 
 @dataclass
@@ -303,14 +347,14 @@ def _read(path: str, limit: int = 1 << 16) -> bytes | None:
         return None
 
 
-def scan(ws_root: str) -> dict[int, Group]:
-    """Live process groups of runs under ``ws_root``, by pgid.
+def scan(ws_roots) -> dict[int, Group]:
+    """Live process groups of runs under ``ws_roots`` (one root or several), by pgid.
 
     A run's group is led by its launch wrapper (``sh scripts/launch.sh IDENTITY``, its working
     folder the workspace); everything the job started carries ``RECONCILER_IDENTITY`` and
     ``RECONCILER_BUNDLE`` in its environment. Zombies do not count.
     """
-    prefix = ws_root.rstrip("/") + "/"
+    prefixes = tuple(r.rstrip("/") + "/" for r in ([ws_roots] if isinstance(ws_roots, str) else ws_roots))
     groups: dict[int, Group] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -331,11 +375,11 @@ def scan(ws_root: str) -> dict[int, Group]:
                 cwd = os.readlink(f"/proc/{pid}/cwd")
             except OSError:
                 cwd = ""
-            if cwd.startswith(prefix):
+            if cwd.startswith(prefixes):
                 ident, workspace = argv[-1].decode(errors="replace"), cwd
         else:
             env = _read(f"/proc/{pid}/environ", 1 << 20) or b""
-            if b"RECONCILER_BUNDLE=" + prefix.encode() in env:
+            if any(b"RECONCILER_BUNDLE=" + p.encode() in env for p in prefixes):
                 for item in env.split(b"\0"):
                     if item.startswith(b"RECONCILER_IDENTITY="):
                         ident = item.split(b"=", 1)[1].decode(errors="replace")
@@ -367,6 +411,143 @@ def result_of(workspace: str | None) -> dict | None:
 
 
 # ---------------------------------------------------------------- daemon logs
+
+
+class AttemptsSampler(threading.Thread):
+    """Every ``ATTEMPTS_EVERY`` s: which attempts of each run (``RECONCILER_IDENTITY`` values) have
+    a live process under the soak's workspace roots, in any session or process group. Any moment
+    with two attempts of one run is an overlap (``two_attempts``; the target is none at all).
+
+    Reading every process's environment 50 times a second would cost a core the daemon needs: a
+    process's identity is read once (a process is its pid and start time), and read again while
+    the process is young and has none (a fork of the daemon becomes a wrapper when it execs). An
+    overlap is confirmed by reading the processes involved afresh."""
+
+    def __init__(self, roots: list[str], ignore, down, report):
+        super().__init__(name="soak-attempts", daemon=True)
+        self.prefixes = tuple(b"\0RECONCILER_BUNDLE=" + (r.rstrip("/") + "/").encode() for r in roots)
+        self.ignore, self.down, self.report = ignore, down, report
+        self.halt = threading.Event()
+        self.cache: dict[tuple[int, int], str | None] = {}
+        self.hz = os.sysconf("SC_CLK_TCK")
+        self.samples = self.overlap_samples = 0
+        self.gaps: list[float] = []
+        self.episodes: list[dict] = []
+        self.open: dict[str, dict] = {}
+
+    def identity(self, pid: int) -> str | None:
+        """"IDENTITY WORKSPACE" of a process of a run, else None. The workspace too: one identity
+        alive in two workspaces (two machines) is two instances just as much."""
+        env = b"\0" + (_read(f"/proc/{pid}/environ", 1 << 20) or b"")
+        if not any(p in env for p in self.prefixes):
+            return None
+        values = {}
+        for key in (b"RECONCILER_IDENTITY", b"RECONCILER_BUNDLE"):
+            at = env.find(b"\0" + key + b"=")
+            if at < 0:
+                return None
+            values[key] = env[at + len(key) + 2:].split(b"\0", 1)[0].decode(errors="replace")
+        ident = values[b"RECONCILER_IDENTITY"]
+        if not IDENTITY.match(ident) or self.ignore(ident):
+            return None
+        return f"{ident} {values[b'RECONCILER_BUNDLE']}"
+
+    def attempts(self) -> dict[str, dict[str, list[int]]]:
+        """run → identity → pids, from one scan of /proc."""
+        uptime = float((_read("/proc/uptime") or b"0").split()[0])
+        by_run: dict[str, dict[str, list[int]]] = {}
+        seen = set()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            stat = _read(f"/proc/{entry}/stat", 4096)
+            if not stat:
+                continue
+            text = stat.decode(errors="replace")
+            rest = text[text.rfind(")") + 2:].split()
+            if len(rest) < 20 or rest[0] in ("Z", "X"):
+                continue
+            key = (int(entry), int(rest[19]))  # field 22: the start time, in clock ticks since boot
+            seen.add(key)
+            cached = self.cache.get(key, "?")
+            if cached == "?" or (cached is None and uptime - key[1] / self.hz < 2.0):
+                cached = self.cache[key] = self.identity(key[0])
+            if cached is not None:
+                by_run.setdefault(run_name(cached.split(" ", 1)[0]), {}).setdefault(cached, []).append(key[0])
+        self.cache = {k: v for k, v in self.cache.items() if k in seen}
+        return by_run
+
+    def confirmed(self, idents: dict[str, list[int]]) -> set[str]:
+        return {i for i, pids in idents.items() if any(self.identity(p) == i for p in pids)}
+
+    def run(self) -> None:
+        last = None
+        while not self.halt.is_set():
+            t = time.time()
+            try:
+                by_run = self.attempts()
+            except OSError:
+                self.halt.wait(ATTEMPTS_EVERY)
+                continue
+            now = time.time()
+            if last is not None:
+                self.gaps.append(now - last)
+            last = now
+            self.samples += 1
+            both = {}
+            for run, idents in by_run.items():
+                if len(idents) > 1:
+                    alive = self.confirmed(idents)
+                    if len(alive) > 1:
+                        both[run] = alive
+            self.overlap_samples += bool(both)
+            for run, alive in both.items():
+                ep = self.open.setdefault(run, {"run": run, "start": now, "end": now, "identities": set(),
+                                                "during_outage": False})
+                ep["end"] = now
+                ep["identities"] |= alive
+                ep["during_outage"] |= self.down()
+            for run in [r for r in self.open if r not in both]:
+                self.close(run)
+            self.halt.wait(max(0.0, ATTEMPTS_EVERY - (time.time() - t)))
+        for run in list(self.open):
+            self.close(run)
+
+    def close(self, run: str) -> None:
+        ep = self.open.pop(run)
+        ep["identities"] = sorted(ep["identities"])
+        self.episodes.append(ep)
+        self.report(ep)
+
+    def figures(self) -> dict:
+        gaps = sorted(self.gaps) or [0.0]
+        longest = max((e["end"] - e["start"] for e in self.episodes), default=0.0)
+        return {"samples": self.samples, "period_p50_ms": round(1000 * statistics.median(gaps), 1),
+                "period_p99_ms": round(1000 * gaps[int(0.99 * (len(gaps) - 1))], 1),
+                "period_max_ms": round(1000 * gaps[-1], 1), "overlap_samples": self.overlap_samples,
+                "overlap_episodes": len(self.episodes),
+                "during_outage": sum(1 for e in self.episodes if e["during_outage"]),
+                "longest_overlap_s": round(longest, 3)}
+
+
+def kill_carriers(roots: list[str]) -> None:
+    """SIGKILL every process of a run under ``roots``, in any session (a worker left its group)."""
+    prefixes = tuple(b"\0RECONCILER_BUNDLE=" + (r.rstrip("/") + "/").encode() for r in roots)
+    for _ in range(20):
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) != os.getpid():
+                env = b"\0" + (_read(f"/proc/{entry}/environ", 1 << 20) or b"")
+                if any(p in env for p in prefixes):
+                    found.append(int(entry))
+        if not found:
+            return
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.1)
 
 
 class LogTail:
@@ -414,6 +595,7 @@ class Options:
     plant: tuple[str, ...] = ()  # self-test: violations to plant (double_run, stale_generation, outside_status)
     progress: bool = True
     source: Path = ROOT  # the reconciler source tree the daemon runs
+    ssh: int = 0  # SSH machines (sshd on loopback, tests/infra/sshd.py) besides this one
 
 
 class Soak:
@@ -469,6 +651,14 @@ class Soak:
         self.origin_commits: set[str] = set()
         self.pass_durations: list[float] = []
 
+        # SSH machines: their servers, workspace roots, and the stopped ones (index → when back)
+        self.sshds: list = []
+        self.ssh_roots: list[str] = []
+        self.remote_tmp: str | None = None
+        self.sshd_back_at: dict[int, float] = {}
+        self.planted_identities: set[str] = set()
+        self.attempts: AttemptsSampler | None = None
+
         self.figures: Counter = Counter()
         self.violations: Counter = Counter({k: 0 for k in VIOLATION_KINDS})
         self.details: list[str] = []
@@ -490,6 +680,33 @@ class Soak:
 
     # ------------------------------------------------------------ set-up
 
+    @property
+    def roots(self) -> list[str]:
+        return [self.ws_root, *self.ssh_roots]
+
+    def start_sshds(self) -> str:
+        """Start the SSH machines; the fleet spec that names them."""
+        if os.geteuid() != 0:
+            raise HarnessError("--ssh needs root: the loopback sshd logs in as a user it creates")
+        sys.path.insert(0, str(ROOT))
+        try:
+            from tests.infra.sshd import SshServer
+        except ImportError as e:
+            raise HarnessError(f"--ssh needs the test infrastructure (tests/infra): {e}") from e
+        self.remote_tmp = tempfile.mkdtemp(prefix="rc-soak-", dir="/tmp")
+        os.chmod(self.remote_tmp, 0o1777)  # the SSH login creates its workspace roots in it
+        machines = []
+        for i in range(self.opts.ssh):
+            server = SshServer(self.work / f"sshd-{i + 1}", host=f"127.0.0.{11 + i}", user=SSH_USER).start()
+            self.sshds.append(server)
+            root = os.path.join(self.remote_tmp, f"m{i + 1}")
+            self.ssh_roots.append(root)
+            machines.append({"name": f"ssh-{i + 1}", "max_tasks": 8, "workspace_root": root,
+                             "ssh": {"host": server.host, "port": server.port, "user": server.user,
+                                     "identity_file": str(server.identity_file), "host_key": server.host_key}})
+        return yaml.safe_dump({"apiVersion": "reconciler/v1", "kind": "Fleet", "metadata": {"name": "soak"},
+                               "spec": {"machines": machines}}, sort_keys=False)
+
     def setup(self) -> None:
         g = self.git
         g(self.work, "init", "-q", "--bare", "-b", "main", str(self.origin))
@@ -497,10 +714,14 @@ class Soak:
         (self.user / "execution_templates").mkdir()
         (self.user / "execution_templates" / "local-host.yaml").write_text(TEMPLATE)
         (self.user / "specs" / "runs").mkdir(parents=True)
+        if self.opts.ssh:
+            (self.user / "execution_templates" / "ssh-host.yaml").write_text(SSH_TEMPLATE)
+            (self.user / "specs" / "fleets").mkdir()
+            (self.user / "specs" / "fleets" / "soak.yaml").write_text(self.start_sshds())
         (self.user / ".gitignore").write_text(".reconciler/\n")
         changes = {}
         for _ in range(self.opts.initial_runs):
-            spec = random_spec(self.rng, self.new_name(), self.opts.sleep)
+            spec = random_spec(self.rng, self.new_name(), self.opts.sleep, bool(self.opts.ssh))
             changes[spec.name] = self.write_spec(spec)
         self.commit_and_push("initial runs", changes)
 
@@ -559,6 +780,7 @@ class Soak:
             RECONCILER_RESYNC_INTERVAL=str(RESYNC_INTERVAL), RECONCILER_DEBOUNCE=str(DEBOUNCE),
             RECONCILER_TERMINATE_GRACE=str(TERMINATE_GRACE), RECONCILER_LOG_FORMAT="json",
             RECONCILER_LOG_LEVEL="DEBUG", RECONCILER_LOCAL_GPUS="0",
+            RECONCILER_UNREACHABLE_GRACE=str(UNREACHABLE_GRACE),
             RECONCILER_AUTHOR_NAME=RECONCILER[0], RECONCILER_AUTHOR_EMAIL=RECONCILER[1],
             PYTHONPATH=str(self.opts.source) + os.pathsep + os.environ.get("PYTHONPATH", ""),
         )
@@ -682,7 +904,7 @@ class Soak:
 
     def sample(self) -> None:
         now = time.time()
-        groups = scan(self.ws_root)
+        groups = scan(self.roots)
         with self.lock:
             for pgid, g in groups.items():
                 if pgid not in self.live:
@@ -726,7 +948,8 @@ class Soak:
             by_run.setdefault(g.run, []).append(g)
         current = set()
         for run, gs in by_run.items():
-            if len(gs) < 2:
+            # A worker in a session of its own is a group of its own: one instance is an identity in a workspace.
+            if len({(g.identity, g.workspace) for g in gs}) < 2:
                 continue
             self.last_overlap[run] = now
             key = frozenset(g.pgid for g in gs)
@@ -977,7 +1200,7 @@ class Soak:
     def do_add(self) -> None:
         if len(self.candidates()) + len(self.corrupt) >= self.opts.max_runs:
             return self.do_edit()
-        spec = random_spec(self.rng, self.new_name(), self.opts.sleep)
+        spec = random_spec(self.rng, self.new_name(), self.opts.sleep, bool(self.opts.ssh))
         self.commit_and_push(f"add {spec.name}", {spec.name: self.write_spec(spec)})
         self.figures["spec_additions"] += 1
 
@@ -1032,6 +1255,24 @@ class Soak:
         except ProcessLookupError:
             pass
 
+    def do_stop_sshd(self) -> None:
+        """An SSH machine stops answering for a few seconds; its processes keep running."""
+        up = [i for i in range(len(self.sshds)) if i not in self.sshd_back_at]
+        if not up:
+            return
+        i = self.rng.choice(up)
+        self.sshds[i].stop()
+        with self.lock:
+            self.sshd_back_at[i] = time.time() + self.rng.uniform(*SSH_OUTAGE)
+        self.figures["sshd_stops"] += 1
+
+    def tend_sshds(self, all_now: bool = False) -> None:
+        for i, at in sorted(self.sshd_back_at.items()):
+            if all_now or time.time() >= at:
+                self.sshds[i].start()
+                with self.lock:
+                    del self.sshd_back_at[i]
+
     def do_kill_daemon(self) -> None:
         if self.daemon_alive():
             self.kill_daemon("random")
@@ -1078,6 +1319,9 @@ class Soak:
         elif kind == "stale_generation":  # an instance of a real run built from a spec nobody asked for
             name = sorted(self.candidates())[0]
             self.planted_instance(f"{name}-g99-a1", "sha256:" + "0" * 64, STALE_WINDOW + 4)
+        elif kind == "two_attempts":  # two attempts of one run for a moment, shorter than the fencing window
+            for ident in ("overlap-g1-a1", "overlap-g1-a2"):
+                self.planted_instance(ident, None, 1, sampled=True)
         elif kind == "outside_status":
             (self.user / "specs" / "runs" / "PLANTED.txt").write_text("a commit by the reconciler's author\n")
             self.git(self.user, "add", "-A")
@@ -1088,9 +1332,12 @@ class Soak:
             raise HarnessError(f"cannot plant {kind!r}")
         self.figures[f"planted_{kind}"] += 1
 
-    def planted_instance(self, ident: str, digest: str | None, seconds: float) -> None:
+    def planted_instance(self, ident: str, digest: str | None, seconds: float, sampled: bool = False) -> None:
         """A process group that looks like a run instance to the referee (its environment), in a
-        folder the reconciler never looks at, so nothing stops it but its own end."""
+        folder the reconciler never looks at, so nothing stops it but its own end. ``sampled``: the
+        attempts sampler's to catch (else it ignores it, the group referee catches it)."""
+        if not sampled:
+            self.planted_identities.add(ident)
         bundle = os.path.join(self.ws_root, "planted", ident)
         os.makedirs(bundle, exist_ok=True)
         if digest:
@@ -1117,14 +1364,16 @@ class Soak:
         plants = list(self.opts.plant)
         plant_at = time.time() + min(5.0, seconds / 3)
         next_progress = time.time() + 15
+        faults = {**FAULTS, **(SSH_FAULTS if self.sshds else {})}
         while time.time() < deadline:
             self.tend_daemon()
+            self.tend_sshds()
             for name, due in sorted(self.corrupt.items()):
                 if time.time() >= due:
                     self.fix(name)
             if plants and time.time() >= plant_at:
                 self.plant(plants.pop(0))
-            fault = self.rng.choices(list(FAULTS), weights=list(FAULTS.values()))[0]
+            fault = self.rng.choices(list(faults), weights=list(faults.values()))[0]
             self.figures[f"fault_{fault}"] += 1
             getattr(self, f"do_{fault}")()
             self.tend_daemon()
@@ -1139,6 +1388,7 @@ class Soak:
         """No more faults: fix what is broken, keep a daemon up, and wait until the world settles."""
         for name in sorted(self.corrupt):
             self.fix(name)
+        self.tend_sshds(all_now=True)
         if not self.daemon_alive():
             self.start_daemon(False)
         running = [s for n, s in self.specs.items() if n not in self.removed and s.desired == "Running"]
@@ -1233,16 +1483,26 @@ class Soak:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        for g in scan(self.ws_root).values():
+        if self.attempts is not None:
+            self.attempts.halt.set()
+        for g in scan(self.roots).values():
             try:
                 os.killpg(g.pgid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+        kill_carriers(self.roots)
+        for server in self.sshds:
+            server.close()
+        if self.remote_tmp:
+            shutil.rmtree(self.remote_tmp, ignore_errors=True)
 
     def run(self) -> dict:
         referee = threading.Thread(target=self.referee, name="soak-referee", daemon=True)
         try:
             self.setup()
+            self.attempts = AttemptsSampler(self.roots, lambda i: i in self.planted_identities,
+                                            lambda: bool(self.sshd_back_at), self.on_overlap)
+            self.attempts.start()
             self.start_daemon(fresh=True)
             referee.start()
             self.say(f"workdir {self.work}; faults for {self.opts.seconds:g} s (seed {self.opts.seed})")
@@ -1259,12 +1519,19 @@ class Soak:
                         self.violation("stale_process", f"{g.identity} (pgid {g.pgid}) still alive at the end")
             code = self.stop_daemon()
             self.figures["final_daemon_exit"] = code if code is not None else -1
+            self.attempts.halt.set()
+            self.attempts.join(timeout=10)
             self.stop.set()
             referee.join(timeout=10)
             self.audit()  # whatever the last push brought
             return self.report(fault_seconds, converge_seconds)
         finally:
             self.cleanup()
+
+    def on_overlap(self, ep: dict) -> None:
+        where = " (an SSH machine was down)" if ep["during_outage"] else ""
+        self.violation("two_attempts", f"{ep['run']}: {', '.join(ep['identities'])} alive together for "
+                                       f"{ep['end'] - ep['start']:.3f} s{where}")
 
     # ------------------------------------------------------------ the report
 
@@ -1308,6 +1575,8 @@ class Soak:
                       "daemon_exit": f["final_daemon_exit"]},
             "faults_picked": {k.removeprefix("fault_"): v for k, v in sorted(f.items()) if k.startswith("fault_")},
             "planted": {k.removeprefix("planted_"): v for k, v in f.items() if k.startswith("planted_")},
+            "attempts": self.attempts.figures() if self.attempts is not None else {},
+            "ssh": {"machines": len(self.sshds), "sshd_stops": f["sshd_stops"]},
             "violations": dict(self.violations),
             "violation_count": sum(self.violations.values()),
             "details": self.details[:200],
@@ -1343,6 +1612,14 @@ def print_text(r: dict) -> None:
           f"{p['rebase_resets']} rebase resets")
     print(f"final:      {r['final']['runs']} runs: " + ", ".join(f"{v} {k2}" for k2, v in r["final"]["phases"].items())
           + f"; daemon exit {r['final']['daemon_exit']}")
+    at = r["attempts"]
+    if at:
+        print(f"attempts:   {at['samples']} samples of the process table (period p50 {at['period_p50_ms']} ms, "
+              f"p99 {at['period_p99_ms']} ms, max {at['period_max_ms']} ms); two attempts of one run alive at "
+              f"once: {at['overlap_samples']} samples, {at['overlap_episodes']} episodes (longest "
+              f"{at['longest_overlap_s']} s, {at['during_outage']} while an SSH machine was down)")
+    if r["ssh"]["machines"]:
+        print(f"ssh:        {r['ssh']['machines']} machines (sshd on loopback), {r['ssh']['sshd_stops']} sshd stops")
     if r["planted"]:
         print("planted:    " + ", ".join(f"{k2} {v}" for k2, v in r["planted"].items()))
     print(f"violations: {r['violation_count']}  (" + ", ".join(f"{k2} {v}" for k2, v in r["violations"].items()) + ")")
@@ -1364,6 +1641,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plant", action="append", default=[], choices=PLANTABLE,
                     help="self-test: plant a violation the referee must catch")
     ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    ap.add_argument("--ssh", type=int, default=0, metavar="N",
+                    help="also N SSH machines (sshd on loopback; needs root), stopped now and then")
     ap.add_argument("--source", type=Path, default=ROOT,
                     help="the reconciler source tree the daemon runs (default: this checkout); e.g. an older "
                          "commit unpacked with `git archive COMMIT | tar -x -C DIR`")
@@ -1377,7 +1656,8 @@ def main(argv: list[str] | None = None) -> int:
     soak = Soak(Options(seconds=args.seconds, seed=args.seed, workdir=args.workdir, keep=args.keep,
                         initial_runs=args.runs, max_runs=args.max_runs, sleep=sleep,
                         converge_timeout=args.converge_timeout,
-                        plant=tuple(args.plant), progress=not args.quiet, source=args.source.resolve()))
+                        plant=tuple(args.plant), progress=not args.quiet, source=args.source.resolve(),
+                        ssh=args.ssh))
 
     def interrupted(signum, frame):  # noqa: ARG001 - SIGTERM ends the soak like Ctrl-C does
         raise KeyboardInterrupt

@@ -13,6 +13,11 @@ from tests.repo_helpers import processes_with
 
 pytest_plugins = ["tests.infra.fixtures"]
 
+# Most tests write a spec and run a pass without committing it (they test the pass, not git), so
+# the suite's reconcilers, in this process and in the ``reconcile`` processes it starts, launch
+# uncommitted specs; tests/engine/test_uncommitted.py sets it back to the default, false.
+os.environ.setdefault("RECONCILER_ALLOW_DIRTY", "true")
+
 # Files whose tests start processes as root under run names other files use too, and those that
 # need the Slurm cluster: on one worker, one after the other, so that a process count of one never
 # sees the other's jobs, and one cluster serves them all.
@@ -21,6 +26,7 @@ SHARED_GROUPS = {
     "tests/engine/test_faults.py": "root-processes",
     "tests/e2e/test_multinode.py": "root-processes",
     "tests/machines/test_slurm.py": "root-processes",
+    "tests/e2e/test_slurm_e2e.py": "root-processes",
     "tests/infra/test_infra.py": "root-processes",
 }
 

@@ -30,7 +30,9 @@ from reconciler.tasks import RenderContext, env_lines, render
 
 SCHEMA_VERSION = "v1"
 RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime"
-SHIPPED_SCRIPTS = ("launch.sh", "gpu_sampler.py", "precheck.py")
+SHIPPED_SCRIPTS = ("launch.sh", "gpu_sampler.py", "precheck.py",
+                   # uploads to the run's Storage, machine to bucket (used when scripts/storage.json is there)
+                   "storage_sync.py", "storage_fetch.py", "storage_common.py")
 CONTENT_DIRS = ("inputs", "scripts")
 
 
@@ -51,6 +53,8 @@ class BundleRequest:
     resume_from: str | None = None
     spec_commit: str | None = None  # the last commit that changed the spec file, as of the launch
     gang: dict | None = None  # {rank, of, machines}: this bundle is one node of a run on several machines
+    storage: dict | None = None  # scripts/storage.json (artifacts/storage.py): outputs go to a Storage
+    storage_name: str | None = None
 
 
 @dataclass
@@ -163,6 +167,7 @@ def build(req: BundleRequest, dest: Path) -> Bundle:
     }
     if req.gang:
         payload["gang"] = dict(req.gang)
+    _storage(req, tmp, payload)
     _write(tmp / "job.json", (json.dumps({"schema_version": SCHEMA_VERSION, "payload": payload},
                                          indent=2, sort_keys=True) + "\n").encode(), 0o644)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -170,6 +175,15 @@ def build(req: BundleRequest, dest: Path) -> Bundle:
         shutil.rmtree(dest)
     os.replace(tmp, dest)
     return Bundle(dest)
+
+
+def _storage(req: BundleRequest, tmp: Path, payload: dict) -> None:
+    """A run with a Storage: where its outputs go, no secret (the machine's sync reads
+    scripts/storage.json; provenance reads the payload's name and folder)."""
+    if req.storage is None:
+        return
+    _write(tmp / "scripts" / "storage.json", (json.dumps(req.storage, indent=2, sort_keys=True) + "\n").encode(), 0o644)
+    payload["storage"] = {"name": req.storage_name, "base": req.storage["base"]}
 
 
 def _write(path: Path, data: bytes, mode: int) -> None:

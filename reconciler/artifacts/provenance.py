@@ -311,8 +311,22 @@ def build(root: Path, collected_at: float | None = None) -> dict:
     }
     if unreadable:
         run["unreadable"] = unreadable  # the files whose fields are left out, and why
+    _outputs(root, job, repro, run, load)
     return {"schema": SCHEMA, "reproducibility_digest": canonical_digest(repro), "reproducibility": repro,
             "run": run}
+
+
+def _outputs(root: Path, job: dict, repro: dict, run: dict, load) -> None:
+    """A run with a Storage: its outputs' URIs and checksums (and the checkpoint it was pinned to,
+    part of what it is made of)."""
+    if "storage" not in job:
+        return
+    from . import storage
+
+    run["outputs"] = storage.provenance_outputs(job, load("scripts/storage.json", required=False),
+                                                load("runtime/uploads.json", required=False))
+    if run["outputs"] and run["outputs"]["pinned"]:
+        repro["start_from"] = run["outputs"]["pinned"]
 
 
 def summary(manifest: dict) -> dict:
@@ -462,11 +476,15 @@ def cmd_provenance(args, cfg) -> int:
     other, other_ident = _read_manifest(cfg, args.diff)
     if other is None:
         return 1
+    from . import checkpoint_sums  # the checkpoints' manifest checksums, for information
+
+    sums = [checkpoint_sums.sums(cfg.repo / "status", n) for n in (args.name, args.diff)]
     if getattr(args, "json", False):
         out = {section: [{"field": k, "a": va, "b": vb} for k, va, vb in diff(manifest, other, section)]
                for section in ("reproducibility", "run")}
-        print(json.dumps({"a": ident, "b": other_ident, **out}, indent=2, sort_keys=True))
+        print(json.dumps({"a": ident, "b": other_ident, **out, "checkpoints": checkpoint_sums.diff(*sums)},
+                         indent=2, sort_keys=True))
         return 1 if out["reproducibility"] else 0
     text, differs = diff_text(manifest, other, ident, other_ident)
-    print(text, end="")
+    print(text + "".join(line + "\n" for line in checkpoint_sums.text(*sums)), end="")
     return 1 if differs else 0

@@ -9,8 +9,6 @@ import argparse
 import json
 import sys
 import time
-from difflib import get_close_matches
-from pathlib import Path
 
 from reconciler.core import config as configs
 from reconciler.status import store as statuses
@@ -19,12 +17,7 @@ from reconciler.core.actions import Action
 from reconciler.core.errors import UsageError
 from reconciler.planner.render import text as plan_text
 
-
-def _cfg(args: argparse.Namespace, **flags) -> configs.Config:
-    repo = Path(getattr(args, "repo", None) or ".")
-    if not repo.is_dir():
-        raise UsageError(f"{repo}: no such directory")
-    return configs.load(str(repo), getattr(args, "config", None), flags)
+from .common import _cfg, no_such_run, status_names  # noqa: F401 - shared with the other commands
 
 
 def run(name: str, args: argparse.Namespace) -> int:
@@ -54,26 +47,19 @@ def run(name: str, args: argparse.Namespace) -> int:
             if wanted and parse_identity(wanted) is None and statuses.load_one(cfg.repo / "status", wanted) is None:
                 raise no_such_run(wanted, status_names(cfg))
         return cmd_provenance(args, cfg)
+    if name in ("stop", "start", "restart"):
+        from .steer import cmd_steer
+
+        return cmd_steer(name, args, _cfg(args))
+    if name == "ssh":
+        from .shell import cmd_ssh
+
+        return cmd_ssh(args, _cfg(args))
     if name == "daemon":
         from reconciler.daemon.service import main as daemon_main
 
         return daemon_main(args)
     raise UsageError(f"unknown command {name}")
-
-
-def status_names(cfg: configs.Config) -> list[str]:
-    """The runs that have a status file, for the nearest name to one that is not there."""
-    try:
-        return sorted(p.stem for p in (cfg.repo / "status").glob("*.yaml") if not p.name.startswith("."))
-    except OSError:
-        return []
-
-
-def no_such_run(name: str, known) -> UsageError:
-    """The one error of every command given a run NAME that is not there: a usage error (exit 2),
-    like an unknown command, since it is a name the user typed; the nearest name when one is close."""
-    close = get_close_matches(name, sorted(known), n=1, cutoff=0.6)
-    return UsageError(f"no run {name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
 
 
 def _require_specs(cfg: configs.Config) -> None:
@@ -131,6 +117,8 @@ def cmd_once(args: argparse.Namespace, dry_run: bool) -> int:
     flags = {}
     if getattr(args, "no_commit", False):
         flags["commit"] = False
+    if getattr(args, "allow_dirty", False):
+        flags["allow_dirty"] = True
     if getattr(args, "log_format", None):
         flags["log_format"] = args.log_format
     cfg = _cfg(args, **flags)
@@ -229,9 +217,11 @@ def machine_states(cfg: configs.Config) -> list[dict]:
             state = "draining" if tasks else "drained"
         else:
             state = "attached"
+        if obs.reachable and obs.gpu_error:  # foreign_gpus: avoid failed closed: say so, whatever the state
+            why = "; ".join(filter(None, [why, f"GPUs withheld (foreign_gpus: avoid): {obs.gpu_error}"]))
         out.append({"name": name, "connect": "local" if name == LOCAL else (m.connect if m else "-"),
                     "state": state, "tasks": tasks, "max_tasks": m.max_tasks if m else None,
-                    "foreign_gpus": obs.foreign_gpus, "reason": why or ""})
+                    "foreign_gpus": obs.foreign_gpus, "gpu_error": obs.gpu_error, "reason": why or ""})
     return out
 
 
@@ -380,28 +370,37 @@ def cmd_status(args: argparse.Namespace) -> int:
             raise UsageError("status --machines takes no run NAME")
         return cmd_machines(args)
     cfg = _cfg(args)
+    output = _status_output(args)
     all_status = statuses.load_all(cfg.repo / "status")
     if args.name:
         st = all_status.get(args.name)
         if st is None:
             raise no_such_run(args.name, all_status)
-        if args.json:
-            print(json.dumps(st.model_dump(mode="json", exclude_none=True), indent=2, sort_keys=True))
-        else:
-            print(statuses.dump(st), end="")
+        all_status = {args.name: st}
+    if output == "json":
+        docs = {n: s.model_dump(mode="json", exclude_none=True) for n, s in all_status.items()}
+        print(json.dumps(docs[args.name] if args.name else docs, indent=2, sort_keys=True))
         return 0
-    if args.json:
-        print(json.dumps({n: s.model_dump(mode="json", exclude_none=True) for n, s in all_status.items()},
-                         indent=2, sort_keys=True))
+    if output == "yaml":
+        print("---\n".join(statuses.dump(st) for _, st in sorted(all_status.items())), end="")
         return 0
     now = time.time()
-    rows = [("NAME", "PHASE", "GEN/ATT", "MACHINE", "AGE", "MESSAGE")]
+    rows = [("NAME", "PHASE", "GEN/ATT", "MACHINE", "AGE", "SINCE", "MESSAGE")]
     for name, st in sorted(all_status.items()):
+        created = st.created_at or (st.history[0].time if st.history else st.observed_at)
         since = st.history[-1].time if st.history else st.observed_at
         rows.append((name, st.phase, f"{st.generation}/{st.attempt}", (st.handle and st.handle.machine) or "-",
-                     _age(since, now), (st.message or "")[:80]))
+                     _age(created, now), _age(since, now), (st.message or "")[:80]))
     _print_table(rows)
     return 0
+
+
+def _status_output(args: argparse.Namespace) -> str:
+    """--json is -o json; with another -o the two disagree, and neither may win silently."""
+    output = getattr(args, "output", None)
+    if args.json and output not in (None, "json"):
+        raise UsageError(f"--json and -o {output} disagree; give one of them")
+    return output or ("json" if args.json else "table")
 
 
 def cmd_logs(args: argparse.Namespace) -> int:

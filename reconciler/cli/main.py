@@ -26,8 +26,10 @@ from pathlib import Path
 
 from reconciler.core.errors import ReconcilerError, UsageError
 
+from .about import version
+from .offers import build as build_offers, cmd_offers
+
 PROG = "reconcile"
-DIST = "gpu-reconciler"  # the distribution's name, for --version
 
 COMMANDS = {
     "validate": "check specs, templates and fleets (exit 0 valid, 1 invalid, 2 usage or I/O error)",
@@ -40,6 +42,15 @@ COMMANDS = {
     "rentals": "this repository's rented machines: provider, run, state, price, cost; --reap gives back orphans "
                "and idle ones",
     "config": "the effective configuration as JSON, secrets redacted",
+    "offers": "what the providers rent out now (live where they have a market): GPUs, region, price, spot",
+    "init": "make a new repository of run specs: folders, a template, a Policy, schemas, editor settings and "
+            "the pull-request workflows",
+    "stop": "stop a run: commit desiredState: Stopped to its spec (or --patch: print the change)",
+    "start": "start a stopped run again: commit desiredState: Running to its spec (or --patch)",
+    "restart": "run it again from the beginning as a new generation: commit restartedAt to its spec (or --patch)",
+    "ssh": "a shell (or -- COMMAND) in a run's workspace on its machine",
+    "artifacts": "what a run has in its Storage: checkpoints, their manifests' checksums, artifacts; --get fetches",
+    "reproduce": "write a new run spec pinned to what a run was made of (and --checkpoint N to start from)",
     "completion": "print the shell completion script: bash, zsh or fish",
     "agent": "on an in-house machine: hold its tunnel to the reconciler's host, drain or resume it; "
              "authorize prints what that host must allow",
@@ -50,34 +61,26 @@ SHELLS = ("bash", "zsh", "fish")
 
 # Where each global option applies: command names, "once" (--once) and "daemon" (no command, no --once).
 APPLIES: dict[str, tuple[str, ...]] = {
-    "repo": ("validate", "schema", *LOOP, "agent", "once", "daemon"),
-    "config": (*LOOP, "once", "daemon"),
+    "repo": ("validate", "schema", *LOOP, "agent", "stop", "start", "restart", "ssh", "once", "daemon"),
+    "config": (*LOOP, "ssh", "once", "daemon"),
     "json": ("validate", *LOOP, "once"),
     "log_format": ("plan", "once", "daemon"),
     # the pass's and the daemon's own flags: before any command, never with one
     "dry_run": ("once",),
     "no_commit": ("once", "daemon"),
+    "allow_dirty": ("once", "daemon"),
     "poll_interval": ("daemon",),
     "resync_interval": ("daemon",),
     "listen": ("daemon",),
 }
+# artifacts and reproduce read the loop's configuration (its state folder, the workspaces).
+for _dest in ("repo", "config", "json"):
+    APPLIES[_dest] += ("artifacts", "reproduce")
+APPLIES.update({d: APPLIES[d] + ("offers",) for d in ("repo", "config", "json")})  # specs, state, secrets
 FLAG = {dest: "--" + dest.replace("_", "-") for dest in APPLIES}
 HINT = {("json", "daemon"): "use --log-format json for its log lines"}
 DEFAULTS = {"repo": None, "config": None, "json": False, "log_format": None, "once": False, "dry_run": False,
-            "no_commit": False, "poll_interval": None, "resync_interval": None, "listen": None}
-
-
-def version() -> str:
-    """The installed distribution's version; a source tree run without installing reports the package's."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
-
-    try:
-        return dist_version(DIST)
-    except PackageNotFoundError:
-        from reconciler import __version__
-
-        return __version__
+            "no_commit": False, "allow_dirty": False, "poll_interval": None, "resync_interval": None, "listen": None}
 
 
 class _Version(argparse.Action):
@@ -240,6 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--once", action="store_true", default=s, help="run one pass and exit (exit 1 if an action failed)")
     p.add_argument("--dry-run", action="store_true", default=s, help="with --once: print the plan, change nothing")
     p.add_argument("--no-commit", action="store_true", default=s, help="write status files but do not commit them")
+    p.add_argument("--allow-dirty", action="store_true", default=s, help="launch spec files with uncommitted changes "
+                   "(recorded as spec.dirty in the status); without it such a run waits until they are committed")
     p.add_argument("--poll-interval", type=float, default=s, metavar="SECONDS", help="daemon: between git fetches")
     p.add_argument("--resync-interval", type=float, default=s, metavar="SECONDS", help="daemon: between full passes")
     p.add_argument("--listen", default=s, metavar="HOST:PORT", help="daemon: for /healthz, /metrics and /hooks/git")
@@ -275,6 +280,8 @@ def _build_command(p: argparse.ArgumentParser, name: str) -> None:
         p.add_argument("name", nargs="?", metavar="NAME", help="one run (default: all)").completer = _run_names
         p.add_argument("--machines", action="store_true", help="the fleet's machines instead (asks each one): "
                        "attached, draining, drained or unreachable")
+        p.add_argument("-o", "--output", choices=["table", "yaml", "json"], default=None,
+                       help="table (default), the status files as yaml, or json (the same as --json)")
         _add_command_globals(p, name)
     elif name == "agent":
         _build_agent(p)
@@ -305,6 +312,26 @@ def _build_command(p: argparse.ArgumentParser, name: str) -> None:
         _add_command_globals(p, name)
     elif name == "config":
         _add_command_globals(p, name, json="the same JSON document (the output is JSON either way)")
+    elif name == "offers":
+        build_offers(p, _add_command_globals)
+    elif name in ("stop", "start", "restart"):
+        from .steer import build as build_steer
+
+        build_steer(p, _run_names)
+        _add_command_globals(p, name)
+    elif name == "ssh":
+        from .shell import build as build_ssh
+
+        build_ssh(p, _run_names)
+        _add_command_globals(p, name)
+    elif name == "init":
+        from .scaffold import build as build_init
+
+        build_init(p)
+    elif name in ("artifacts", "reproduce"):
+        from .storage_args import build as build_outputs
+
+        build_outputs(p, name, _run_names, _add_command_globals)
     elif name == "completion":
         p.add_argument("shell", choices=SHELLS, metavar="SHELL", help="one of: " + ", ".join(SHELLS))
         p.epilog = ('Install: eval "$(reconcile completion bash)" in ~/.bashrc (zsh: the same line in ~/.zshrc, after '
@@ -312,34 +339,9 @@ def _build_command(p: argparse.ArgumentParser, name: str) -> None:
 
 
 def _build_agent(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    r = sub.add_parser("run", prog=f"{PROG} agent run", help="hold the reverse tunnel (foreground; a systemd unit "
-                       "runs it: deploy/reconciler-agent.service)")
-    r.add_argument("--vm", required=True, metavar="[USER@]HOST", help="the reconciler's host and the login the "
-                   "agent's key may use there")
-    r.add_argument("--vm-port", type=int, default=22, metavar="PORT", help="its sshd port (default 22)")
-    r.add_argument("--listen-port", type=int, required=True, metavar="PORT",
-                   help="the tunnel's port on the host's loopback: the Fleet's tunnel_port")
-    r.add_argument("--sshd-port", type=int, default=22, metavar="PORT", help="this machine's sshd (default 22)")
-    r.add_argument("--identity", metavar="KEY", help="private key for the host (default: ssh's own)")
-    r.add_argument("--known-hosts", metavar="FILE", help="known_hosts holding the host's key (default: ssh's own)")
-    r.add_argument("--max-backoff", type=float, default=1.0, metavar="SECONDS",
-                   help="longest wait between reconnects (default 1)")
-    d = sub.add_parser("drain", prog=f"{PROG} agent drain", help="take this machine out of service: running work "
-                       "finishes, nothing new starts (no pull request needed)")
-    d.add_argument("--reason", default="drained from the machine", help="shown in the runs' Pending reason")
-    d.add_argument("--home", metavar="DIR", help="the home of the login the reconciler uses (default: yours)")
-    u = sub.add_parser("resume", prog=f"{PROG} agent resume", help="put this machine back in service")
-    u.add_argument("--home", metavar="DIR", help="the home of the login the reconciler uses (default: yours)")
-    a = sub.add_parser("authorize", prog=f"{PROG} agent authorize", help="print the authorized_keys line and sshd "
-                       "Match block the reconciler's host needs for MACHINE's agent (run in the repository)")
-    a.add_argument("machine", metavar="MACHINE", help="a Fleet machine with connect: tunnel")
-    a.add_argument("--key", required=True, metavar="PUBFILE", help="the agent's public key file")
-    a.add_argument("--vm-user", default="reconcile-tunnel", metavar="USER",
-                   help="the login on the host that agents use (default reconcile-tunnel)")
-    for c in (r, d, u, a):
-        if c is a:
-            _add_command_globals(c, "agent")
+    from .agent import build_parser
+
+    build_parser(p, PROG, _add_command_globals)
 
 
 # ---------------------------------------------------------------- typos, misplaced options
@@ -394,6 +396,10 @@ def parse(argv: list[str], parser: argparse.ArgumentParser | None = None) -> tup
     word = _command_word(argv, _takes_value(p))
     if word is not None and word not in COMMANDS:
         raise UsageError(_unknown_command(word))
+    remote: list[str] = []
+    if word == "ssh" and "--" in argv:  # what follows is the remote command's, options included
+        cut = argv.index("--")
+        argv, remote = argv[:cut], argv[cut + 1:]
     ns, extra = p.parse_known_args(argv)
     if extra:
         if ns.command:  # the command's own usage line, and a hint where there is one
@@ -407,6 +413,8 @@ def parse(argv: list[str], parser: argparse.ArgumentParser | None = None) -> tup
     for k, v in DEFAULTS.items():
         if not hasattr(ns, k):
             setattr(ns, k, v)
+    if ns.command == "ssh":
+        ns.remote = remote
     if ns.command == "logs" and ns.lines < 0:
         raise UsageError("--lines must be 0 (all) or more")
     return cmd, ns
@@ -447,6 +455,10 @@ def _dispatch(name: str, args: argparse.Namespace) -> int:
         return cmd_schema(args)
     if name == "completion":
         return cmd_completion(args)
+    if name == "init":
+        from .scaffold import cmd_init
+
+        return cmd_init(args)
     if name == "agent":
         from .agent import cmd_agent
 
@@ -457,6 +469,13 @@ def _dispatch(name: str, args: argparse.Namespace) -> int:
     # Every command past this point holds secrets in its environment and starts processes that
     # run as the same user (local runs): they must not read this one's /proc/<pid>/environ.
     seal_own_environment()
+
+    if name in ("artifacts", "reproduce"):
+        from .storage_args import dispatch
+
+        return dispatch(name, args)
+    if name == "offers":
+        return cmd_offers(args)
 
     return commands.run(name, args)
 

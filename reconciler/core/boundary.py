@@ -35,8 +35,6 @@ import json
 import math
 import posixpath
 import re
-import threading
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -44,6 +42,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .identity import split
 from .observed import ObservedRun
+from .slurm_end import SlurmEnd
+from .uploads import from_probe
 
 # A probe reply for 1,000 runs, each with progress and 20 checkpoints, is 1.3 MB holding 54,000
 # strings and 6,000 objects and arrays. The limits leave ten times that room or more, and keep
@@ -151,85 +151,6 @@ def loads(data: bytes | str, limit: int = MAX_REPLY_BYTES) -> Any:
         raise BadReply(f"the reply is not JSON: {clean_text(str(e), 200)}") from None
 
 
-# ---------------------------------------------------------------- decoding, across machines
-
-# A reply decodes to up to ~8x its size, and ``parallel_machines`` probes decode at once: sixteen
-# replies at the 16 MiB limit would hold over a gigabyte. The budget bounds the reply bytes whose
-# decoded values are alive at once, process-wide: a reply waits for room before it is decoded
-# and gives it back when the caller has done with the decoded value (``scope``), or at once.
-DECODE_BUDGET_BYTES = 128 << 20
-
-
-class ReplyBudget:
-    """Reply bytes being decoded (and their values being checked) at once, across threads."""
-
-    def __init__(self, total: int = DECODE_BUDGET_BYTES) -> None:
-        self.total = total
-        self.used = 0
-        self.peak = 0
-        self._cond = threading.Condition()
-        self._local = threading.local()
-
-    def resize(self, total: int) -> None:
-        with self._cond:
-            self.total = total
-            self._cond.notify_all()
-
-    def _acquire(self, n: int, timeout: float) -> None:
-        if n > self.total:
-            raise BadReply(f"the reply is {n} bytes, over the whole decoding budget of {self.total} "
-                           "(ssh_decode_budget_bytes)")
-        with self._cond:
-            if not self._cond.wait_for(lambda: self.used + n <= self.total, timeout):
-                raise BadReply(f"no room to decode a reply of {n} bytes within {timeout:g}s "
-                               f"(other replies hold the decoding budget of {self.total} bytes)")
-            self.used += n
-            self.peak = max(self.peak, self.used)
-
-    def _release(self, n: int) -> None:
-        if n:
-            with self._cond:
-                self.used -= n
-                self._cond.notify_all()
-
-    @contextmanager
-    def scope(self):
-        """Within it, a reply this thread decodes keeps its share of the budget until the scope
-        ends (the caller is done with the decoded value). A second decode in the scope replaces
-        the first: a transport decodes again only after it dropped the first answer. A scope
-        within a scope is the outer one (it alone releases what is held)."""
-        if getattr(self._local, "held", None) is not None:
-            yield
-            return
-        self._local.held = 0
-        try:
-            yield
-        finally:
-            held, self._local.held = self._local.held, None
-            self._release(held or 0)
-
-    def decode(self, data: bytes | str, limit: int = MAX_REPLY_BYTES, timeout: float = 30.0) -> Any:
-        """``loads`` once the reply's size fits in the budget (waiting at most ``timeout``);
-        ``BadReply`` when it never can, or does not in time."""
-        held = getattr(self._local, "held", None)
-        if held:
-            self._release(held)
-            self._local.held = 0
-        n = len(data)
-        self._acquire(n, timeout)
-        try:
-            value = loads(data, limit)
-        except BaseException:
-            self._release(n)
-            raise
-        if getattr(self._local, "held", None) is not None:
-            self._local.held = n
-        else:
-            self._release(n)
-        return value
-
-
-REPLY_BUDGET = ReplyBudget()
 
 
 # ---------------------------------------------------------------- models
@@ -268,6 +189,7 @@ class RunCore(_Lenient):
     permanent: bool = False
     spec_digest: str | None = Field(None, pattern=_DIGEST.pattern)
     slurm_job: str | None = Field(None, pattern=r"^[0-9A-Za-z_.+-]{1,64}$")
+    slurm_end: SlurmEnd | None = None
     gang: Gang | None = None
 
     @field_validator("gpus")
@@ -299,6 +221,7 @@ class ProbeReply:
     error: str = ""
     draining: str | None = None
     foreign_gpus: list[int] = field(default_factory=list)
+    gpu_error: str | None = None  # why the GPUs' processes are not known (foreign_gpus: avoid then fails closed)
     runs: dict[str, RunReport] = field(default_factory=dict)
     rejected: list[str] = field(default_factory=list)  # "<what>: <why>", one per refused item
 
@@ -322,6 +245,22 @@ def clean_progress(value: Any) -> dict[str, Any] | None:
     out["updated_at"] = at if isinstance(at, str) and len(at) <= 40 and _ISO.fullmatch(at) else None
     if all(v is None for v in out.values()):
         return None
+    return out
+
+
+MAX_CURVE = 64  # points of the loss curve one report may carry (the probe sends at most 32)
+
+
+def clean_curve(value: Any) -> list[tuple[int, float]]:
+    """[(step, loss), ...]: at most MAX_CURVE pairs of a bounded step and a finite loss, steps
+    rising; anything else in the list is dropped, a list that is not one is empty."""
+    out: list[tuple[int, float]] = []
+    for item in value[:MAX_CURVE] if isinstance(value, list) else ():
+        if not isinstance(item, list) or len(item) != 2:
+            continue
+        step, loss = bounded_int(item[0], 0, MAX_STEP), finite(item[1])
+        if step is not None and loss is not None and (not out or step > out[-1][0]):
+            out.append((step, loss))
     return out
 
 
@@ -361,14 +300,18 @@ def parse_run(identity: str, raw: Any) -> RunReport:
             break
     heartbeat = finite(raw.get("heartbeat_age"), MAX_TIME)
     queued = raw.get("queued")
+    uploads, uploads_error = from_probe(raw)  # runtime/uploads.json: its own boundary (core/uploads.py)
     return RunReport(
         identity=identity, machine="", state=core.state, exit_code=core.exit_code, finished_at=core.finished_at,
         started_at=core.started_at, pid=core.pid, container=core.container, workspace=core.workspace,
         gpus=list(core.gpus), collected=core.collected, message=clean_text(raw.get("message") or ""),
-        progress=clean_progress(raw.get("progress")), permanent=core.permanent, spec_digest=core.spec_digest,
+        progress=clean_progress(raw.get("progress")), curve=clean_curve(raw.get("curve")),
+        permanent=core.permanent, spec_digest=core.spec_digest,
         checkpoints=checkpoints, queued=clean_text(queued, 200) if queued is not None else None,
-        job=core.slurm_job, heartbeat_age=heartbeat,
-        gang=gang.model_dump() if gang is not None else None)
+        job=core.slurm_job, heartbeat_age=heartbeat, slurm_end=core.slurm_end.record() if core.slurm_end else None,
+        gang=gang.model_dump() if gang is not None else None,
+        # live: the processes of the identity still alive, in any session (a bounded count).
+        live=bounded_int(raw.get("live"), 0, 1 << 20) or 0, uploads=uploads, uploads_error=uploads_error)
 
 
 def parse_probe(report: Any) -> ProbeReply:
@@ -393,21 +336,27 @@ def parse_probe(report: Any) -> ProbeReply:
         out.draining = clean_text(drain.get("reason") or "", 200) or "drained from the machine"
     elif drain is not None:
         out.rejected.append("drain: not an object")
-    foreign = report.get("foreign_gpus")
-    if isinstance(foreign, dict):
-        gpus = foreign.get("gpus") or []
-        if isinstance(gpus, list):
-            out.foreign_gpus = sorted({g for g in gpus[:MAX_GPUS] if bounded_int(g, 0, MAX_GPU_INDEX) is not None})
-        if foreign.get("error"):
-            out.error = (out.error + "; " if out.error else "") + clean_text(foreign["error"])
-    elif foreign is not None:
-        out.rejected.append("foreign_gpus: not an object")
+    out.foreign_gpus, out.gpu_error = foreign_gpus(report.get("foreign_gpus"))
     for ident, raw in runs.items():
         if not isinstance(ident, str) or len(ident) > 100 or split(ident)[0] is None:
             out.rejected.append(f"{clean_text(ident, 80)!r}: not a run identity")
             continue
         out.runs[ident] = parse_run(ident, raw)
     return out
+
+
+def foreign_gpus(value: Any) -> tuple[list[int], str | None]:
+    """The probe's ``foreign_gpus`` → (GPUs used outside the reconciler, why they are unknown): all
+    short of a clean list is a reason, never an empty list (``foreign_gpus: avoid`` fails closed)."""
+    if not isinstance(value, dict):
+        return [], "the GPUs' processes: " + ("not listed" if value is None else "not an object")
+    if value.get("error"):
+        return [], clean_text(value["error"], 300) or "the GPUs' processes could not be read"
+    gpus = value.get("gpus")
+    if not isinstance(gpus, list) or len(gpus) > MAX_GPUS or any(bounded_int(g, 0, MAX_GPU_INDEX) is None
+                                                                 for g in gpus):
+        return [], "the GPUs' processes: not a list of GPU indices"
+    return sorted(set(gpus)), None
 
 
 def parse_stop(answer: Any) -> dict[str, Any]:
@@ -474,4 +423,4 @@ def may_report(machine: str, report: RunReport, handle: Any, expected_workspace:
 
 
 __all__ = ["may_report", "parse_stop", "BadReply", "ProbeReply", "RunReport", "clean_progress", "clean_text", "finite", "loads",
-           "parse_probe", "parse_run", "absolute_path", "relative_name", "MAX_REPLY_BYTES", "REPLY_BUDGET", "ReplyBudget"]
+           "parse_probe", "parse_run", "absolute_path", "relative_name", "MAX_REPLY_BYTES"]

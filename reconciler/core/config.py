@@ -81,6 +81,12 @@ class Config(BaseModel):
     ledger: bool = True  # status/README.md and status/<run>.svg, committed with the status files
     poll_interval: float = 15.0
     resync_interval: float = 30.0
+    # A change of progress alone (step, loss, the curve, cost so far) is written, and so committed, at
+    # most once in this many seconds; transitions always at once. 0: every pass.
+    status_progress_interval: float = Field(600.0, ge=0)
+    # A spec file with uncommitted changes is not launched (its status could not name the commit it
+    # ran); true launches it and records ``spec.dirty``. Only a git checkout is checked.
+    allow_dirty: bool = False
     debounce: float = 0.2
     listen: str | None = None  # HOST:PORT for /healthz, /metrics and /hooks/git
     dashboard_listen: str | None = None  # HOST:PORT for the read-only live page (off when unset)

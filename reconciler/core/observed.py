@@ -34,11 +34,13 @@ class ObservedRun:
     collected: bool = False
     message: str = ""
     progress: dict[str, Any] | None = None
+    curve: list[tuple[int, float]] = field(default_factory=list)  # (step, loss) of the last logged steps, oldest first
     permanent: bool = False  # the run itself says retrying cannot help (e.g. its precheck refused it)
     spec_digest: str | None = None  # the spec the workspace was built for (its job.json); None: unreadable
     checkpoints: list[str] = field(default_factory=list)  # complete ones, workspace-relative, oldest first
     queued: str | None = None  # a cluster's scheduler holds it, not started yet: why (Slurm's reason)
     job: str | None = None  # the cluster's job id (slurm placement)
+    slurm_end: dict[str, Any] | None = None  # how Slurm ended the job: core/slurm_end.py's SlurmEnd.record()
     heartbeat_age: float | None = None  # seconds since the launch wrapper last beat
     # One node of a run on several machines (its job.json): {rank, of, machines}, the machine of each rank.
     gang: dict[str, Any] | None = None
@@ -46,6 +48,14 @@ class ObservedRun:
     # and the machines of the nodes not seen because their machine does not answer.
     nodes: list["ObservedRun"] = field(default_factory=list)
     unreachable: list[str] = field(default_factory=list)
+    # Processes carrying its identity in their environment, in any session: after its result was
+    # written (a worker that left the wrapper's group outlives it) the attempt still lives.
+    live: int = 0
+    # runtime/uploads.json of a run with a Storage (core/uploads.py): its shape checked here, its
+    # URIs held to the run's folder once the engine knows it; or why it was refused.
+    uploads: dict[str, Any] | None = None
+    uploads_error: str | None = None
+    outputs: dict[str, Any] | None = None  # the status's outputs, from uploads (engine/outputs.py)
 
     def built_for(self, digest: str) -> bool:
         """Whether this instance runs the spec with ``digest``: the one condition for adopting it."""
@@ -54,6 +64,12 @@ class ObservedRun:
     @property
     def alive(self) -> bool:
         return self.state == "running"
+
+    @property
+    def lingering(self) -> bool:
+        """Ended by its state (its end is what the run records), yet processes of it still live:
+        to be stopped before anything replaces it (planner/fence.py)."""
+        return self.live > 0 and self.state != "running"
 
 
 @dataclass
@@ -66,6 +82,8 @@ class ObservedMachine:
     round_trips: int = 0
     draining: str | None = None  # the machine's own drain flag (`reconcile agent drain`): its reason
     foreign_gpus: list[int] = field(default_factory=list)  # GPUs held by processes the reconciler did not start
+    # With foreign_gpus: avoid, why the GPUs' processes are unknown this pass: none of its GPUs is free.
+    gpu_error: str | None = None
     # What its probe said that the trust boundary refused (a run it does not host, a malformed
     # field), one reason each: the rest of its report still counts.
     rejected: list[str] = field(default_factory=list)
@@ -101,6 +119,9 @@ class ObservedWorld:
     provider_errors: dict[str, str] = field(default_factory=dict)  # provider → why its inventory is unknown
     # Checkpoints already copied to the reconciler host: (run name, generation) → checkpoint names.
     saved_checkpoints: dict[tuple[str, int], set[str]] = field(default_factory=dict)
+    # "<machine> <identity>" → when a pass first saw that live instance, for the ones without a
+    # start time of their own (engine/lookalikes.py): their orphan_grace counts from then.
+    first_seen: dict[str, float] = field(default_factory=dict)
     _by_name: dict[str, list[ObservedRun]] | None = field(default=None, repr=False, compare=False)
     _by_identity: dict[str, ObservedRun] | None = field(default=None, repr=False, compare=False)
 
@@ -160,8 +181,9 @@ def fold_gang(identity: str, parts: list[ObservedRun], machines: dict[str, Obser
     gang = ObservedRun(identity=identity, machine=lead.machine, state="running", workspace=lead.workspace,
                        gpus=list(lead.gpus), collected=all(r.collected for r in parts), spec_digest=lead.spec_digest,
                        started_at=min((r.started_at for r in parts if r.started_at), default=None),
-                       progress=lead.progress, checkpoints=list(lead.checkpoints), pid=lead.pid,
-                       heartbeat_age=lead.heartbeat_age, gang=lead.gang, nodes=parts, unreachable=unreachable)
+                       progress=lead.progress, curve=list(lead.curve), checkpoints=list(lead.checkpoints), pid=lead.pid,
+                       heartbeat_age=lead.heartbeat_age, gang=lead.gang, nodes=parts, unreachable=unreachable,
+                       live=sum(r.live for r in parts))
 
     def where(r: ObservedRun) -> str:
         return f"node n{node_of(r.identity)} on {r.machine}"

@@ -25,6 +25,11 @@ class SpecRef(Lenient):
     digest: str | None = None
     commit: str | None = None
     path: str | None = None
+    dirty: bool | None = None  # launched from uncommitted content (allow_dirty): no commit holds it
+
+
+# What the loop passes as a spec's commit when the file launched had uncommitted changes.
+DIRTY = "dirty"
 
 
 class Handle(Lenient):
@@ -88,6 +93,9 @@ class RunStatus(Lenient):
     # the ledger's sparkline and status/<run>.svg are drawn from it.
     loss_curve: list[tuple[int, float]] = Field(default_factory=list)
     provenance: dict[str, Any] | None = None
+    # A run with a Storage: where its checkpoints and artifacts are (engine/outputs.py writes it).
+    outputs: dict[str, Any] | None = None
+    created_at: str | None = None  # when the reconciler first recorded the run (AGE counts from it)
     observed_at: str | None = None
 
     def condition(self, type_: str) -> Condition | None:

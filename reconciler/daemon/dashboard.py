@@ -41,19 +41,37 @@ from urllib.parse import parse_qs, quote, urlparse
 from reconciler.core import display
 from reconciler.core.runstatus import TERMINAL, cost_so_far
 from reconciler.status import ledger, store as statuses
+
+from . import gpuchart
 from reconciler.spec.models.common import is_dns_label
 
 log = logging.getLogger("reconciler.dashboard")
 TAIL_LINES = 200
 TAIL_BYTES = 64 * 1024
-# The page's only script: refreshes the log tail every 2 s. textContent, never innerHTML: a log
-# line is text, whatever it holds. A file of its own, so no inline script is ever allowed.
+AUDIT_BYTES, AUDIT_LINES = 2 << 20, 20_000  # the NVML audit's tail the GPU charts are drawn from
+# The page's only script, a file of its own so that no inline script is ever allowed. Every 2 s it
+# refreshes the log tail (textContent, never innerHTML: a log line is text, whatever it holds) and
+# the page's live parts (phase, progress, curves, conditions, history, cost): it fetches the same
+# page and swaps each element marked data-live for its fresh copy. The fresh copy is the server's
+# own escaped HTML, parsed by DOMParser, whose scripts never run (and the CSP allows none inline).
 SCRIPT = """(function () {
   var p = document.getElementById('log');
-  if (!p) { return; }
+  if (p) {
+    setInterval(function () {
+      fetch(location.pathname + '/log').then(function (r) { return r.text(); }).then(function (t) {
+        if (p.textContent !== t) { p.textContent = t; p.scrollTop = p.scrollHeight; }
+      });
+    }, 2000);
+  }
+  if (!document.querySelector('[data-live]')) { return; }
   setInterval(function () {
-    fetch(location.pathname + '/log').then(function (r) { return r.text(); }).then(function (t) {
-      if (p.textContent !== t) { p.textContent = t; p.scrollTop = p.scrollHeight; }
+    fetch(location.href, {cache: 'no-store'}).then(function (r) { return r.ok ? r.text() : null; }).then(function (t) {
+      if (!t) { return; }
+      var doc = new DOMParser().parseFromString(t, 'text/html');
+      document.querySelectorAll('[data-live]').forEach(function (el) {
+        var fresh = el.id ? doc.getElementById(el.id) : null;
+        if (fresh && fresh.outerHTML !== el.outerHTML) { el.replaceWith(document.importNode(fresh, true)); }
+      });
     });
   }, 2000);
 })();
@@ -87,7 +105,8 @@ def page(title: str, body: str) -> bytes:
     return ("<!doctype html><html lang=en><head><meta charset=utf-8>"
             f"<title>{esc(title)}</title><link rel=stylesheet href=\"/static/page.css\"></head><body>"
             "<nav><a href=\"/\">Runs</a><a href=\"/machines\">Machines</a></nav>"
-            f"<h1>{esc(title)}</h1>{body}</body></html>").encode("utf-8", "replace")
+            f"<h1 id=title data-live>{esc(title)}</h1>{body}"
+            "<script src=\"/static/page.js\" defer></script></body></html>").encode("utf-8", "replace")
 
 
 class Views:
@@ -97,12 +116,13 @@ class Views:
         """``workspace_roots``: where runs on this machine (machine ``local``) keep their
         workspaces; with the bundle store, the only places a log is read from."""
         self.status_dir = repo / "status"
+        self.state_dir = state_dir
         self.bundles = state_dir / "bundles"
         self.roots = [self.bundles] + [Path(r) for r in workspace_roots]
         self.cache = statuses.StatusCache()
 
     def load(self) -> dict[str, statuses.RunStatus]:
-        return statuses.load_all(self.status_dir, self.cache)
+        return statuses.load_with_live(self.status_dir, self.state_dir, self.cache)
 
     def runs(self, query: dict[str, list[str]]) -> bytes:
         want_phase = (query.get("phase") or [""])[0]
@@ -122,7 +142,7 @@ class Views:
             rows.append(f"<tr><td><a href=\"/runs/{quote(name)}\">{esc(name)}</a></td>"
                         f"<td class=\"{esc(st.phase)}\">{esc(st.phase)}</td><td>{st.generation}/{st.attempt}</td>"
                         f"<td>{esc(progress)}</td><td>{esc(spark)} {esc(loss)}</td>"
-                        f"<td>{cell(machine)}</td><td>{cell(_since(st))}</td>"
+                        f"<td>{cell(machine)}</td><td>{cell(_cost(st) or '')}</td><td>{cell(_since(st))}</td>"
                         f"<td>{display.html_text(st.message, 160)}</td></tr>")
         phases = sorted({st.phase for st in every.values()})
         machines = sorted({st.handle.machine for st in every.values() if st.handle and st.handle.machine})
@@ -130,8 +150,8 @@ class Views:
                 + _select("phase", phases, want_phase) + _select("machine", machines, want_machine)
                 + f"<input name=q placeholder=\"name contains\" value=\"{esc(want_name)}\">"
                 "<button type=submit>Filter</button></form>")
-        table = ("<table id=runs><tr><th>run</th><th>phase</th><th>gen/att</th><th>progress</th><th>loss</th>"
-                 "<th>machine</th><th>since</th><th>message</th></tr>" + "".join(rows) + "</table>")
+        table = ("<table id=runs data-live><tr><th>run</th><th>phase</th><th>gen/att</th><th>progress</th><th>loss</th>"
+                 "<th>machine</th><th>cost</th><th>since</th><th>message</th></tr>" + "".join(rows) + "</table>")
         return page(f"Runs ({len(rows)} of {len(every)})", form + table)
 
     def run(self, name: str) -> bytes | None:
@@ -147,22 +167,35 @@ class Views:
                  ("cost so far", _cost(st)),
                  ("rental", f"{h.rental.get('provider')}/{h.rental.get('offer')} ({h.rental.get('name')})"
                   if h is not None and h.rental else None)]
-        body = ["<table id=facts>"] + [f"<tr><th>{esc(k)}</th><td>{cell(v)}</td></tr>" for k, v in facts
+        facts += list(zip(("outputs", "newest checkpoint"), ledger.outputs_of(st)))  # reconcile artifacts NAME
+        body = ["<table id=facts data-live>"] + [f"<tr><th>{esc(k)}</th><td>{cell(v)}</td></tr>" for k, v in facts
                                        if v not in (None, "")] + ["</table>"]
-        if len(ledger.curve_points(st.loss_curve)) >= 2:
-            body += ["<h2>Loss</h2>", f"<div id=curve>{ledger.svg(name, st.loss_curve)}</div>"]
-        body += ["<h2>Conditions</h2><table><tr><th>type</th><th>status</th><th>reason</th><th>message</th>"
+        curve = ledger.svg(name, st.loss_curve) if len(ledger.curve_points(st.loss_curve)) >= 2 else "<p>No curve yet.</p>"
+        body += ["<h2>Loss</h2>", f"<div id=curve data-live>{curve}</div>",
+                 "<h2>GPUs</h2>", f"<div id=gpu data-live>{self.gpus(st)}</div>"]
+        body += ["<h2>Conditions</h2><table id=conditions data-live><tr><th>type</th><th>status</th><th>reason</th><th>message</th>"
                  "<th>since</th></tr>"]
         body += [f"<tr><td>{cell(c.type)}</td><td>{cell(c.status)}</td><td>{cell(c.reason)}</td><td>{cell(c.message)}"
                  f"</td><td>{cell(c.last_transition)}</td></tr>" for c in st.conditions] + ["</table>"]
-        body += ["<h2>History</h2><table><tr><th>time</th><th>phase</th><th>gen/att</th><th>reason</th></tr>"]
+        body += ["<h2>History</h2><table id=history data-live><tr><th>time</th><th>phase</th><th>gen/att</th><th>reason</th></tr>"]
         body += [f"<tr><td>{cell(t.time)}</td><td>{cell(t.phase)}</td><td>{t.generation}/{t.attempt}</td>"
                  f"<td>{cell(t.reason)}</td></tr>" for t in reversed(st.history)] + ["</table>"]
-        body += ["<h2>Log tail</h2>", f"<pre id=log>{esc(self.tail(st))}</pre>",
-                 "<script src=\"/static/page.js\" defer></script>"]
+        body += ["<h2>Log tail</h2>", f"<pre id=log>{esc(self.tail(st))}</pre>"]
         if st.provenance:
             body += ["<h2>Provenance</h2>", f"<pre id=provenance>{esc(json.dumps(st.provenance, indent=2))}</pre>"]
         return page(name, "".join(body))
+
+    def gpus(self, st: statuses.RunStatus) -> str:
+        """The GPU charts from the run's NVML audit, read like its log (local workspace or collected copy)."""
+        h = st.handle
+        if h is None or not h.identity:
+            return "<p>Not launched yet.</p>"
+        bases = ([str(h.workspace)] if h.machine == "local" and h.workspace else []) + [str(self.bundles / h.identity)]
+        for base in bases:
+            text = tail_file(os.path.join(base, "artifacts", "nvml-audit.jsonl"), self.roots, AUDIT_BYTES, AUDIT_LINES)
+            if text:
+                return gpuchart.charts(text)
+        return "<p>No GPU telemetry here (a remote run's audit is collected when it ends).</p>"
 
     def tail(self, st: statuses.RunStatus) -> str:
         h = st.handle
@@ -203,7 +236,7 @@ class Views:
         rows = "".join(f"<tr><td>{cell(n)}</td><td>{m['live']}</td><td>{m['runs']}</td>"
                        f"<td>{cell(m['reach'] or 'answering')}</td></tr>" for n, m in sorted(by.items()))
         return page("Machines", "<p>As the status files last recorded them (<code>reconcile status --machines"
-                    "</code> asks each machine now).</p><table id=machines><tr><th>machine</th><th>live runs</th>"
+                    "</code> asks each machine now).</p><table id=machines data-live><tr><th>machine</th><th>live runs</th>"
                     f"<th>runs recorded</th><th>last seen</th></tr>{rows}</table>")
 
 
@@ -288,7 +321,7 @@ def _walk(root_real: str, parts: list[str]) -> int | None:
     return f
 
 
-def tail_file(path: str, roots: list[Path]) -> str | None:
+def tail_file(path: str, roots: list[Path], max_bytes: int = TAIL_BYTES, max_lines: int = TAIL_LINES) -> str | None:
     """The last lines of a log inside ``roots`` (at most ``TAIL_BYTES`` read); "" when there is
     none; None when the path is one the page refuses (see ``open_inside``)."""
     try:
@@ -301,8 +334,8 @@ def tail_file(path: str, roots: list[Path]) -> str | None:
         return None
     try:
         size = os.fstat(fd).st_size
-        start = max(0, size - TAIL_BYTES)
-        data = os.pread(fd, min(size, TAIL_BYTES), start)
+        start = max(0, size - max_bytes)
+        data = os.pread(fd, min(size, max_bytes), start)
     except OSError:
         return None
     finally:
@@ -312,7 +345,7 @@ def tail_file(path: str, roots: list[Path]) -> str | None:
         lines = lines[1:]  # the first one is cut
     # Terminal escapes and other controls: shown by a browser as boxes, acted on by a terminal that
     # prints /runs/NAME/log; tabs and newlines stay.
-    return "\n".join(_TERMINAL_CONTROLS.sub("", line) for line in lines[-TAIL_LINES:])
+    return "\n".join(_TERMINAL_CONTROLS.sub("", line) for line in lines[-max_lines:])
 
 
 _RUN = re.compile(r"^/runs/([^/]+)(/log)?$")

@@ -374,6 +374,8 @@ def main(args: argparse.Namespace) -> int:
     flags = {k: getattr(args, k, None) for k in ("log_format", "poll_interval", "resync_interval", "listen")}
     if getattr(args, "no_commit", False):
         flags["commit"] = False
+    if getattr(args, "allow_dirty", False):
+        flags["allow_dirty"] = True
     repo = Path(getattr(args, "repo", None) or ".")
     if not repo.is_dir():
         raise UsageError(f"{repo}: no such directory")

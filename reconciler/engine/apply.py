@@ -19,10 +19,12 @@ from reconciler.artifacts import provenance, safetar
 from reconciler.core.actions import Action
 from reconciler.machines import launchers
 from reconciler.machines.base import LaunchResult, LaunchSpec, SlurmJob
+from reconciler.spec.models.slurm import merged
 from reconciler.core.errors import PermanentError, ReconcilerError, TemporaryError
 from reconciler.core.identity import make, node_identity, node_of, parse
 from reconciler.core.names import LOCAL
 from reconciler.rentals.providers.base import OfferUnavailable
+from . import outputs
 from reconciler.core.plan import Change, Plan
 from reconciler.spec.load import DesiredState
 from reconciler.spec.resolve import effective
@@ -49,6 +51,7 @@ class Outcome:
     rental: dict | None = None  # provision: the rental asked for; launch on a rental: its pinned host key
     rental_step: str | None = None  # where a launch on a rental stopped: "ssh" or "gpus"
     gpus_seen: str | None = None  # what the GPU check found on the rental
+    outputs: dict | None = None  # a launch of a run with a Storage: the status's outputs as of the launch
 
 
 @dataclass
@@ -69,6 +72,7 @@ class ApplyContext:
     checkpoint_copy_mbps: float | None = None  # bandwidth of checkpoint copies off rentals (None: unbounded)
     # What one collection or checkpoint copy may bring to this host (collect_max_bytes / _files).
     collect_limits: safetar.Limits = field(default_factory=safetar.Limits)
+    repo_id: str = ""  # the repository's namespace: its folder in a Storage's bucket
 
     def local_dir(self, machine: str, identity: str, workspace: str) -> Path:
         """Where an attempt's bundle lives on this host: its workspace itself when it runs here."""
@@ -121,7 +125,8 @@ def _one(c: Change, ctx: ApplyContext) -> Outcome:
             _launch(c, ctx, out)
         elif c.action == Action.COLLECT and c.machine:
             _collect(c, ctx, out)
-        elif c.action == Action.SAVE:
+        elif c.action == Action.SAVE and not outputs.has_storage(ctx.desired, c.name):
+            # (a run with a Storage uploads its checkpoints from the machine: nothing comes here)
             from reconciler.rentals import checkpoints
 
             checkpoints.save(ctx.transport_for(c.machine), c.identity, c.checkpoint, ctx.repo / ".reconciler",
@@ -157,7 +162,7 @@ def _launch(c: Change, ctx: ApplyContext, out: Outcome) -> None:
     t = ctx.transport_for(c.machine)
     if c.rental is not None:
         _rental_ready(c, ctx, t, out)
-    out.launched, out.workspace = _launch_one(c, ctx, entry, secrets, t, c.identity, c.gpus)
+    out.launched, out.workspace = _launch_one(c, ctx, entry, secrets, t, c.identity, c.gpus, out=out)
 
 
 def secret_refusals(desired: DesiredState, run) -> list[str]:
@@ -183,7 +188,8 @@ def secret_refusals(desired: DesiredState, run) -> list[str]:
 
 
 def _launch_one(c: Change, ctx: ApplyContext, entry, secrets: dict, t, identity: str, gpus: list[int],
-                gang: dict | None = None, env: dict | None = None) -> tuple[LaunchResult, str]:
+                gang: dict | None = None, env: dict | None = None,
+                out: Outcome | None = None) -> tuple[LaunchResult, str]:
     """Build, stage and start one instance (one node of a run on several machines: ``gang`` is
     its {rank, of, machines}, ``env`` its rank and rendezvous)."""
     template = ctx.desired.templates[entry.run.spec.template]
@@ -191,20 +197,15 @@ def _launch_one(c: Change, ctx: ApplyContext, entry, secrets: dict, t, identity:
     machine = t.machine.name
     local_dir = ctx.local_dir(machine, identity, t.workspace(identity))
     python = eff.python or ctx.machine_python(machine)
-    resume = _resume_path(t, c) if c.resume_from and entry.run.spec.task.type != "command" else None
-    saved = None
-    if resume is None and c.resume_from and entry.run.spec.task.type != "command":
-        # Not on this machine (a new rental): the copy taken off the old one, staged with the bundle.
-        from reconciler.rentals import checkpoints
-
-        p = parse(c.resume_from)
-        saved = checkpoints.latest(ctx.repo / ".reconciler", p.name, p.generation) if p else None
-        if saved is not None:  # inputs/.reconciler/: a path no repository input can take
-            resume = f"{t.workspace(identity)}/inputs/.reconciler/resume/{saved.name}"
+    # Outputs in a Storage (node 0 only: it is the node that saves): resumed from the bucket.
+    sl = outputs.prepare(ctx, c, entry, t, identity, eff.launch_mode == "docker") \
+        if not gang or gang.get("rank") == 0 else None
+    resume, saved = (sl.resume_from, None) if sl is not None else _vm_resume(c, ctx, entry, t, identity)
     req = bundles.BundleRequest(
         repo_root=ctx.repo, identity=identity, run=entry.run, spec_digest=entry.digest, repo_head=ctx.repo_head,
         template=template, effective=eff, machine=machine, gpus=gpus, python=python, resume_from=resume,
         spec_commit=ctx.spec_commits.get(entry.rel), gang=gang,
+        storage=sl.config if sl is not None else None, storage_name=sl.storage.metadata.name if sl else None,
     )
     b = bundles.build(req, local_dir)
     if saved is not None:
@@ -212,11 +213,35 @@ def _launch_one(c: Change, ctx: ApplyContext, entry, secrets: dict, t, identity:
 
         checkpoints.stage(saved, Path(b.path), ctx.collect_limits)
     ws = t.stage(b.path, identity, entry.digest)
+    if sl is not None:
+        outputs.into_container(t, sl, ws)
     _after_stage()
     spec = LaunchSpec(identity=identity, run_name=c.name, workspace=ws, launch_mode=eff.launch_mode,
                       image=eff.image, network=eff.network, pull=eff.pull, gpus=gpus, secrets=secrets,
-                      spec_digest=entry.digest, slurm=slurm_job(template, eff), env=dict(env or {}))
+                      spec_digest=entry.digest, slurm=slurm_job(template, eff, entry.run.spec.slurm), env=dict(env or {}),
+                      storage_env=sl.env if sl is not None else {})
+    if sl is not None and out is not None:
+        out.outputs = sl.outputs
     return launchers.launch(t, spec), ws
+
+
+def _vm_resume(c: Change, ctx: ApplyContext, entry, t, identity: str):
+    """(what the task resumes from, the VM store's checkpoint to stage) for a run without a Storage:
+    a checkpoint of a previous attempt on this machine, else the copy taken off the old rental."""
+    if not c.resume_from or entry.run.spec.task.type == "command":
+        return None, None
+    resume = _resume_path(t, c)
+    if resume is not None:
+        return resume, None
+    # Not on this machine (a new rental): the copy taken off the old one, staged with the bundle.
+    from reconciler.rentals import checkpoints
+
+    p = parse(c.resume_from)
+    saved = checkpoints.latest(ctx.repo / ".reconciler", p.name, p.generation) if p else None
+    if saved is None:
+        return None, None
+    # inputs/.reconciler/: a path no repository input can take
+    return f"{t.workspace(identity)}/inputs/.reconciler/resume/{saved.name}", saved
 
 
 def _launch_gang(c: Change, ctx: ApplyContext, out: Outcome, entry, secrets: dict) -> None:
@@ -237,7 +262,8 @@ def _launch_gang(c: Change, ctx: ApplyContext, out: Outcome, entry, secrets: dic
         for rank, (n, t) in enumerate(zip(c.nodes, transports)):
             env = {"NNODES": str(len(c.nodes)), "NODE_RANK": str(rank), "MASTER_ADDR": addr, "MASTER_PORT": str(port)}
             launched, ws = _launch_one(c, ctx, entry, secrets, t, n.identity, n.gpus,
-                                       gang={"rank": rank, "of": len(c.nodes), "machines": machines}, env=env)
+                                       gang={"rank": rank, "of": len(c.nodes), "machines": machines}, env=env,
+                                       out=out if rank == 0 else None)
             started.append((t, n.identity, ws))
             n.workspace = ws
             if rank == 0:
@@ -264,15 +290,18 @@ def _free_port(t, addr: str) -> int:
     return int(port)
 
 
-def slurm_job(template, eff) -> SlurmJob | None:
-    """What sbatch asks for a run of a slurm template (None for other placements)."""
+def slurm_job(template, eff, own=None) -> SlurmJob | None:
+    """What sbatch asks for a run of a slurm template (None for other placements); ``own``: the
+    run's spec.slurm, over the template's time limit, account, QOS and signal."""
     s = template.placement.slurm
     if s is None:
         return None
     r = eff.resources
-    return SlurmJob(env=dict(s.env), partition=s.partition, time_limit=s.time_limit, gres=s.gres,
+    req = merged(s, own)
+    return SlurmJob(env=dict(s.env), partition=s.partition, time_limit=req.time_limit, gres=s.gres,
                     sbatch_args=list(s.sbatch_args), nodes=r.nodes, gpus_per_node=r.gpu_count,
-                    cpus_per_node=r.cpu_count, memory_gb=r.memory_gb)
+                    cpus_per_node=r.cpu_count, memory_gb=r.memory_gb, account=req.account, qos=req.qos,
+                    signal=f"{req.signal.name}@{req.signal.before_s}" if req.signal else None)
 
 
 def _rental_change(c: Change, ctx: ApplyContext, out: Outcome) -> Outcome:
@@ -403,7 +432,10 @@ def _collect_into(ctx: ApplyContext, machine: str, identity: str, workspace: str
     t = ctx.transport_for(machine)
     ws = workspace or t.workspace(identity)
     local_dir = ctx.local_dir(machine, identity, ws)
-    got = t.fetch(identity, local_dir, limits=ctx.collect_limits)
+    p = parse(identity)
+    # A run with a Storage: its checkpoints are in the bucket, and never come to this host.
+    got = t.fetch(identity, local_dir, limits=ctx.collect_limits,
+                  without_checkpoints=p is not None and outputs.has_storage(ctx.desired, p.name))
     # What the machine sent that is not a plain file or folder (a FIFO, a link), or beyond the
     # limits, was left out: the collection still counts (the run ends, its machine is released),
     # and what was left out is said in the manifest and the run's status.

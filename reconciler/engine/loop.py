@@ -19,14 +19,15 @@ from typing import Callable
 from reconciler.gitops import repo as gitops
 from reconciler.artifacts import safetar
 from reconciler.status import store as statuses
-from reconciler.core.runstatus import TERMINAL, cost_so_far, iso
-from reconciler.status.summarize import records_new_spec, same_ignoring_time, summarize
+from reconciler.core.runstatus import DIRTY, TERMINAL, cost_so_far, iso, parse_iso
+from reconciler.status.summarize import progress_only, records_new_spec, same_ignoring_time, summarize
 from reconciler.core.actions import Action
 from .apply import ApplyContext, Outcome, apply
 from reconciler.core.config import Config
 from reconciler.planner.exposure import shared_login_warnings
 from reconciler.status.ledger import Ledger
 from .observe import names_to_watch, observe
+from .uncommitted import hold_uncommitted, uncommitted_specs
 from reconciler.core.observed import ObservedWorld
 from reconciler.core.plan import Plan, PlanSettings
 from reconciler.planner.make import make_plan
@@ -82,6 +83,9 @@ class Reconciler:
         self.transport_factory = None  # benchmarks/scale_bench.py: simulated machines instead of SSH
         self.cache = SpecCache()
         self.status_cache = statuses.StatusCache()
+        self.live_cache = statuses.StatusCache()  # progress waiting for its status file (.reconciler/live-status)
+        self._as_filed: dict[str, statuses.RunStatus] = {}
+        self._dirty: set[str] = set()  # spec files with uncommitted changes, this pass
         self.ledger = Ledger()  # status/README.md and the loss curves, rows kept across passes
         # Finished runs that nothing has touched since: neither parsed, held nor planned until their
         # spec digest, their status file or the machines' view of them changes (see _settle).
@@ -111,6 +115,9 @@ class Reconciler:
                       if n not in desired.invalid and _digest(desired, n) == s.digest}
         skipped: set[str] = set()
         previous = statuses.load_all(status_dir, self.status_cache, skip=candidates, skipped=skipped)
+        # Progress not yet in a status file (status_progress_interval) lives in the working state:
+        # the pass goes on from it, so a loss curve gains a point every pass, not every write.
+        self._as_filed = statuses.overlay_live(previous, cfg.state_dir, self.live_cache)
         pool = TransportPool(cfg, desired, self.connections, self.transport_factory)
         try:
             world = self._observe_world(desired, previous, skipped, pool, status_dir, now)
@@ -124,7 +131,7 @@ class Reconciler:
             pool.close()
         phases, written = self._write_statuses(result, previous, spec_commits, status_dir, now)
         if cfg.ledger:
-            self.ledger.refresh(status_dir, previous, written, now)
+            self.ledger.refresh(status_dir, {**previous, **self._as_filed}, written, now)  # git's view
         # A run whose last machine is a rental still up keeps its status loaded: it dates the
         # rental's idle time (and so when it is given back).
         on_rentals = {n: st for n, st in previous.items()
@@ -169,6 +176,11 @@ class Reconciler:
             from reconciler.rentals import checkpoints
 
             world.saved_checkpoints = checkpoints.saved(cfg.state_dir)
+        if desired.storages:
+            storage_outputs(desired, world, previous, cfg.repo_namespace)
+        from .lookalikes import first_seen  # orphan_grace of instances without a start time
+
+        world.first_seen = first_seen(cfg.state_dir, world, now)
         for name in [n for n in skipped if world.instances(n)]:  # something of it is out there again
             st = looked[name] if name in looked else statuses.load_one(status_dir, name)
             skipped.discard(name)
@@ -190,6 +202,9 @@ class Reconciler:
                          missing_secrets={n: m for n, m in missing.items() if m})
         # Secrets are only as private as the unix login the runs share: say where teams share one.
         plan.warnings.extend(shared_login_warnings(desired, world, plan))
+        self._dirty = uncommitted_specs(cfg.repo) if self.repo is not None else set()
+        if not cfg.allow_dirty:
+            hold_uncommitted(plan, desired, previous, self._dirty)
         return plan
 
     def _apply(self, result: PassResult, previous: dict[str, statuses.RunStatus],
@@ -207,7 +222,8 @@ class Reconciler:
                            secret_source=self.secret_source, providers=self.providers,
                            rental_key=pool.rental_key, ssh_ready_timeout=cfg.ssh_ready_timeout,
                            checkpoint_copy_mbps=cfg.checkpoint_copy_mbps,
-                           collect_limits=safetar.Limits(cfg.collect_max_bytes, cfg.collect_max_files))
+                           collect_limits=safetar.Limits(cfg.collect_max_bytes, cfg.collect_max_files),
+                           repo_id=cfg.repo_namespace if result.desired.storages else "")
         result.outcomes = apply(plan, ctx)
         _after_apply()
         return spec_commits
@@ -230,6 +246,12 @@ class Reconciler:
                                      spec_commits.get(change.spec_path or ""))
             if new is prev or same_ignoring_time(prev, new):
                 continue
+            if self._progress_can_wait(prev, new, now):
+                new.observed_at = iso(now)  # the next pass and the live page read it at once; git later
+                statuses.write_live(self.cfg.state_dir, new)
+                continue
+            if change.name in self._as_filed:
+                statuses.drop_live(self.cfg.state_dir, change.name)
             new.observed_at = iso(now)
             try:
                 wrote = statuses.write_if_changed(status_dir, new)
@@ -246,6 +268,15 @@ class Reconciler:
                     ident = change.identity or ""
                     result.transitions.append(f"{change.name}: {before} → {new.phase} [{ident}] {change.reason}"[:300])
         return phases, written
+
+    def _progress_can_wait(self, prev: statuses.RunStatus | None, new: statuses.RunStatus, now: float) -> bool:
+        """A change of progress alone, while the status file was written less than
+        ``status_progress_interval`` ago: the file keeps its older progress until then. The time
+        is the file's own ``observed_at``, so a ``--once`` from cron batches the same way."""
+        if prev is None or not progress_only(prev, new):
+            return False
+        written = parse_iso((self._as_filed.get(prev.name) or prev).observed_at)
+        return written is not None and now - written < self.cfg.status_progress_interval
 
     def _commit(self, result: PassResult, written: dict[str, statuses.RunStatus]) -> None:
         """Commit the status files the pass changed, with one message line per transition."""
@@ -286,7 +317,9 @@ class Reconciler:
                 paths.append(c.spec_path)
         if not paths or self.repo is None:
             return {}
-        return gitops.last_commits(self.cfg.repo, paths)
+        found = gitops.last_commits(self.cfg.repo, [p for p in paths if p not in self._dirty])
+        # Launched from uncommitted content (allow_dirty): no commit holds what runs; say so.
+        return {**found, **{p: DIRTY for p in paths if p in self._dirty}}
 
     def close(self) -> None:
         """Close the kept connections (the daemon, when it stops)."""
@@ -385,3 +418,21 @@ def _digest(desired: DesiredState, name: str) -> str | None:
 
 
 __all__ = ["Reconciler", "PassResult", "Settled"]
+
+
+def storage_outputs(desired: DesiredState, world: ObservedWorld, previous: dict, repo_id: str) -> None:
+    """Runs with a Storage: their machines' uploads.json checked against their own folder of the
+    bucket (the status's outputs), and their checkpoints counted as saved, so that none is ever
+    copied to this host (the machine uploads them)."""
+    from reconciler.core.identity import parse
+    from . import outputs
+
+    outputs.bind(desired, repo_id, world, previous)
+    outputs.hold_while_uploading(desired, world)
+    for name in desired.runs:
+        if outputs.has_storage(desired, name):
+            for obs in world.instances(name):
+                p = parse(obs.identity)
+                if p is not None and obs.checkpoints:
+                    saved = world.saved_checkpoints.setdefault((name, p.generation), set())
+                    saved.update(c.rsplit("/", 1)[-1] for c in obs.checkpoints)

@@ -14,7 +14,7 @@ import logging
 import threading
 from typing import Callable
 
-from reconciler.core import boundary
+from reconciler.core import boundary, replies
 from reconciler.core.boundary import ProbeReply
 from reconciler.core.errors import ReconcilerError
 from reconciler.core.identity import parse
@@ -121,7 +121,7 @@ def observe(machines: list[str], transport_for: Callable[[str], object], names: 
             avoid = getattr(fleet_machine, "foreign_gpus", "ignore") == "avoid"
             # The decoded reply keeps its share of the decoding budget until it is checked (and
             # dropped): what parallel probes hold at once stays within ssh_decode_budget_bytes.
-            with boundary.REPLY_BUDGET.scope():
+            with replies.REPLY_BUDGET.scope():
                 reply = boundary.parse_probe(
                     t.agent({"op": "probe", "names": names, **({"gpu_processes": True} if avoid else {})}))
             m.round_trips = getattr(t, "round_trips", 1)
@@ -138,6 +138,7 @@ def observe(machines: list[str], transport_for: Callable[[str], object], names: 
         m.error = reply.error
         m.draining = reply.draining
         m.foreign_gpus = list(reply.foreign_gpus)
+        m.gpu_error = reply.gpu_error if avoid else None  # avoid fails closed: planner/capacity.py
         m.rejected = list(reply.rejected)
         return m, t, reply
 

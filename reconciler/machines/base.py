@@ -12,6 +12,7 @@ run; ``TemporaryError`` (a timeout, a refused connection) leaves it for a later 
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,12 +43,28 @@ class MachineInfo:
     source: str | None = None  # the Fleet file that declares the machine (for messages)
 
 
+def without_checkpoints(parts: tuple[str, ...]) -> str | None:
+    """A collection of a run with a Storage: as ``only_runtime_and_artifacts``, and never a
+    checkpoint folder (checkpoint-N): its checkpoints are in the bucket, and must not cross the
+    reconciler host (skipped silently)."""
+    why = only_runtime_and_artifacts(parts)
+    if why is None and any(p.startswith("checkpoint-") and p[11:].isdigit() for p in parts[1:]):
+        return ""
+    return why
+
+
+# A tar --exclude pattern for the same (GNU tar and busybox match it against every name component).
+CHECKPOINT_EXCLUDE = "--exclude=checkpoint-[0-9]*"
+
+
 def only_runtime_and_artifacts(parts: tuple[str, ...]) -> str | None:
     """What a collection takes of a workspace (a safetar ``keep``): runtime/ and artifacts/ only,
     and never the secrets file (skipped silently: it is not an artifact)."""
     if parts[0] not in ("runtime", "artifacts"):
         return "outside runtime/ and artifacts/"
     if parts[-1].endswith("secrets.env") or parts[-1] == ".secrets.env.tmp":
+        return ""
+    if parts[-1].endswith("storage.env") or parts[-1] == ".storage.env.tmp":  # the Storage's credentials
         return ""
     return None
 
@@ -64,9 +81,10 @@ class Transport(Protocol):
 
     def stage(self, bundle: Path, identity: str, spec_digest: str) -> str: ...
 
-    def put_secret_file(self, workspace: str, content: bytes) -> None: ...
+    def put_secret_file(self, workspace: str, content: bytes, name: str = "secrets.env") -> None: ...
 
-    def fetch(self, identity: str, dest: Path, limits: safetar.Limits = ...) -> safetar.Result:
+    def fetch(self, identity: str, dest: Path, limits: safetar.Limits = ...,
+              without_checkpoints: bool = False) -> safetar.Result:
         """runtime/ and artifacts/ into ``dest`` as plain files and folders; a safetar.Result."""
         ...
 
@@ -87,18 +105,41 @@ class LaunchSpec:
     spec_digest: str = ""  # the workspace must have been built for this spec to be started or adopted
     slurm: "SlurmJob | None" = None  # slurm placement: what sbatch asks for
     env: dict[str, str] = field(default_factory=dict)  # plain, launch-time environment (a node's rank and rendezvous)
+    # The run's Storage as RCLONE_CONFIG_STORE_* (credentials included): runtime/storage.env, written
+    # as the secrets are (0600, never in the bundle), read once and deleted by the launch wrapper.
+    storage_env: dict[str, str] = field(default_factory=dict)
 
 
 # What a job takes from the submitting environment: the base names of procenv (and Slurm's own
 # SLURM_*), never ALL. slurmctld saves a job's environment with its state, and sbatch's
 # environment is the reconciler's; the run's secrets reach the job in runtime/secrets.env (0600,
-# read once and deleted by the launch wrapper), its plain variables in scripts/env.sh.
+# delivered from the login host once the job starts, read once and deleted by the launch wrapper),
+# its plain variables in scripts/env.sh.
 SLURM_EXPORT = "--export=" + ",".join(procenv.BASE)
+
+
+# Slurm refuses a job name over 1024 characters ("Pathname of a file, directory or other parameter
+# too long", measured with sbatch of Slurm 22.05 on this machine); ours stay far below: the prefix,
+# a namespace of at most 40 characters and an identity of at most about 80.
+SLURM_NAME_MAX = 1024
+SLURM_NAME_PREFIX = "rcl-"
+
+
+def slurm_job_name(workspace: str, identity: str) -> str:
+    """The job's name on the cluster: the repository's namespace and the identity, so that two
+    repositories with a run of one name never see each other's job. The namespace is the folder
+    the workspace sits in (the pool puts every workspace at <root>/<namespace>/<identity>)."""
+    namespace = posixpath.basename(posixpath.dirname(workspace.rstrip("/"))) or "default"
+    name = f"{SLURM_NAME_PREFIX}{namespace}-{identity}"
+    if len(name) > SLURM_NAME_MAX:
+        raise ValueError(f"Slurm job name over {SLURM_NAME_MAX} characters: {name[:80]}...")
+    return name
 
 
 @dataclass
 class SlurmJob:
-    """One run's request to a Slurm cluster: the template's settings and the run's resources."""
+    """One run's request to a Slurm cluster: the template's settings and the run's resources, the
+    run's own time limit, account, QOS and warning signal over the template's."""
 
     env: dict[str, str] = field(default_factory=dict)
     partition: str | None = None
@@ -109,14 +150,25 @@ class SlurmJob:
     gpus_per_node: int = 0
     cpus_per_node: int | None = None
     memory_gb: float | None = None
+    account: str | None = None
+    qos: str | None = None
+    signal: str | None = None  # "USR1@300": sbatch --signal=B:USR1@300 (the wrapper forwards it)
 
-    def sbatch_argv(self, identity: str, workspace: str) -> list[str]:
-        argv = ["sbatch", "--parsable", f"--job-name={identity}", f"--chdir={workspace}",
-                "--output=runtime/slurm-%j.out", f"--nodes={self.nodes}", "--ntasks-per-node=1", SLURM_EXPORT]
-        if self.partition:
-            argv.append(f"--partition={self.partition}")
-        if self.time_limit:
-            argv.append(f"--time={self.time_limit}")
+    def sbatch_argv(self, name: str, identity: str, workspace: str) -> list[str]:
+        # --no-requeue (man sbatch: "never be requeued under any circumstances"): a preempted or
+        # node-failed job ends as PREEMPTED or NODE_FAIL and the reconciler runs it again as a new
+        # attempt, with a fresh workspace and its secrets delivered again; a job requeued by Slurm
+        # would start over in a workspace whose result and secrets are already spent.
+        argv = ["sbatch", "--parsable", f"--job-name={name}", f"--chdir={workspace}",
+                "--output=runtime/slurm-%j.out", "--no-requeue", f"--nodes={self.nodes}", "--ntasks-per-node=1",
+                SLURM_EXPORT]
+        for flag, value in (("partition", self.partition), ("time", self.time_limit), ("account", self.account),
+                            ("qos", self.qos)):
+            if value:
+                argv.append(f"--{flag}={value}")
+        if self.signal:
+            # B: only the batch shell (the wrapper) gets it; it forwards it to the job's processes.
+            argv.append(f"--signal=B:{self.signal}")
         if self.gpus_per_node:
             argv.append(f"--gres={self.gres}:{self.gpus_per_node}")
         if self.cpus_per_node:

@@ -15,7 +15,8 @@ import time
 from reconciler.core.boundary import parse_stop
 from reconciler.core.errors import PermanentError, TemporaryError
 from reconciler.tasks import env_lines
-from .base import WRONG_SPEC, LaunchResult, LaunchSpec, Transport, built_for_check, docker_prefix, launch_env_lines, secrets_file
+from .base import (WRONG_SPEC, LaunchResult, LaunchSpec, Transport, built_for_check, docker_prefix, launch_env_lines,
+                   secrets_file, slurm_job_name)
 
 # How long a launch waits, on the machine, for the wrapper to write its pid.
 PID_WAIT = "i=0; while [ ! -s runtime/pid ] && [ $i -lt 100 ]; do sleep 0.02; i=$((i+1)); done"
@@ -29,60 +30,121 @@ def _in_workspace(spec: LaunchSpec) -> str:
 
 
 def launch(t: Transport, spec: LaunchSpec) -> LaunchResult:
+    if spec.slurm is not None:  # its secrets wait on the login host, not in the shared workspace
+        return _launch_slurm(t, spec)
     if spec.secrets:
         t.put_secret_file(spec.workspace, secrets_file(spec.secrets))
-    if spec.slurm is not None:
-        return _launch_slurm(t, spec)
+    if spec.storage_env:
+        t.put_secret_file(spec.workspace, secrets_file(spec.storage_env), "storage.env")
     if spec.launch_mode == "docker":
         return _launch_docker(t, spec)
     return _launch_host(t, spec)
 
 
-def _launch_slurm(t: Transport, spec: LaunchSpec) -> LaunchResult:
-    """Submit the wrapper to Slurm as a batch job named by the identity, from the login host.
+# Delivers a queued job's secrets once its wrapper has started, from the login host, where they wait
+# in a 0700 folder of the login's own temporary space (never on the shared file system while the job
+# is queued). It ends when they are delivered, or the job ended, or its workspace went, or Slurm no
+# longer lists the job (checked every 30 s), and removes the folder on every way out.
+# Arguments: workspace, holding folder, job id.
+SECRETS_DELIVERER = r"""ws=$1 hold=$2 id=$3 n=0
+while [ -d "$ws/runtime" ] && [ -f "$hold/runtime/secrets.env" ] && [ ! -e "$ws/runtime/result.json" ]; do
+  if [ -e "$ws/runtime/started_at" ]; then
+    (umask 077; cp "$hold/runtime/secrets.env" "$ws/runtime/.secrets.env.tmp" \
+      && mv "$ws/runtime/.secrets.env.tmp" "$ws/runtime/secrets.env")
+    break
+  fi
+  n=$((n+1))
+  if [ $((n % 30)) -eq 0 ] && [ -n "$id" ]; then
+    # Only an answer without the job ends the wait: a slurmctld that does not answer is no news.
+    out=$(squeue -h -t PENDING,CONFIGURING,RUNNING,COMPLETING -u "$(id -un)" -o %i 2>/dev/null) \
+      && ! printf '%s\n' "$out" | grep -qx "$id" && break
+  fi
+  sleep 1
+done
+rm -rf "$hold"
+"""
 
-    Never twice: a job recorded in the workspace is adopted; so is one that squeue lists under the
-    identity's name (a pass that died between sbatch and recording it), and a workspace whose
-    wrapper has already started is not submitted again whatever squeue says. runtime/slurm.json
-    (the commands' environment) is written first: the probe and terminate read it to reach the
-    cluster."""
+
+def _hold_secrets(t: Transport, spec: LaunchSpec) -> str | None:
+    """The run's secrets into a fresh 0700 folder of the login host's temporary space; its path,
+    or None when the job was already submitted (adopted: its deliverer has them)."""
+    if not spec.secrets:
+        return None
+    r = t.sh(_in_workspace(spec) + "if [ -s runtime/slurm_job ] || [ -e runtime/started_at ]; then exit 0; fi\n"
+             'umask 077; mktemp -d "${TMPDIR:-/tmp}/rcl-secrets.XXXXXXXX"\n', timeout=30)
+    _refuse_wrong_spec(t, spec, r.rc)
+    if r.rc != 0:
+        raise TemporaryError(f"no folder for the secrets on {t.machine.name}: {r.err.strip()[:200]}")
+    hold = r.out.strip()
+    if not hold:
+        return None
+    t.put_secret_file(hold, secrets_file(spec.secrets))
+    return hold
+
+
+def _launch_slurm(t: Transport, spec: LaunchSpec) -> LaunchResult:
+    """Submit the wrapper to Slurm as a batch job named by the namespace and identity, from the
+    login host, as the login's user.
+
+    Never twice: a job recorded in the workspace is adopted; so is one of this user's that squeue
+    lists under the job's full name (a pass that died between sbatch and recording its id), and a
+    workspace whose wrapper has already started is not submitted again whatever squeue says.
+    runtime/slurm.json (the commands' environment and the job's name) is written first: the probe
+    and terminate read it to reach the cluster. Secrets are held on the login host until the job
+    starts (SECRETS_DELIVERER); runtime/secrets.pending tells the wrapper to wait for them."""
     job = spec.slurm
-    ident = shlex.quote(spec.identity)
-    env = env_lines(job.env)
-    doc = shlex.quote(json.dumps({"env": job.env}, sort_keys=True))
-    submit = " ".join(shlex.quote(a) for a in job.sbatch_argv(spec.identity, spec.workspace))
+    name = slurm_job_name(spec.workspace, spec.identity)
+    hold = _hold_secrets(t, spec)
+    argv = job.sbatch_argv(name, spec.identity, spec.workspace)
+    # What was asked of Slurm, for whoever reads the workspace (no secret is in it: names only).
+    doc = shlex.quote(json.dumps({"env": job.env, "name": name, "sbatch": argv}, sort_keys=True))
+    submit = " ".join(shlex.quote(a) for a in argv)
+    deliver = (f"  [ -n \"$id\" ] && setsid sh -c {shlex.quote(SECRETS_DELIVERER)} deliver \"$PWD\" {shlex.quote(hold)} "
+               "\"$id\" </dev/null >/dev/null 2>&1 &\n") if hold else ""
     script = (
         _in_workspace(spec) +
         "if [ -s runtime/slurm_job ]; then echo adopted; cat runtime/slurm_job; exit 0; fi\n"
         f"printf '%s\\n' {doc} > runtime/slurm.json\n"
-        + env +
-        f"id=$(squeue -h -t all -n {ident} -o %i 2>/dev/null | sort -n | tail -n 1)\n"
+        + env_lines(job.env) +
+        f"id=$(squeue -h -t all -u \"$(id -un)\" -n {shlex.quote(name)} -o %i 2>/dev/null | sort -n | tail -n 1)\n"
         "how=adopted\n"
         "if [ -z \"$id\" ] && [ ! -e runtime/started_at ]; then\n"
+        + ("  echo held > runtime/secrets.pending\n" if hold else "") +
         f"  out=$({submit} 2>&1) || {{ echo \"$out\" >&2; exit 3; }}\n"
         "  id=${out%%;*}; how=launched\n"
+        + deliver +
         "fi\n"
         "date +%s > runtime/launched_at\n"
         "[ -n \"$id\" ] && echo \"$id\" > runtime/slurm_job.tmp && mv runtime/slurm_job.tmp runtime/slurm_job\n"
         "echo \"$how\"; echo \"$id\"\n"
     )
-    r = t.sh(script, timeout=60)
+    r = None
+    try:
+        r = t.sh(script, timeout=60)
+    finally:
+        if hold and (r is None or r.rc != 0 or r.out.split()[:1] != ["launched"]):
+            # No deliverer was started for them (adopted, refused, failed): the held secrets go now.
+            t.sh(f"rm -rf {shlex.quote(hold)}", timeout=30)
     _refuse_wrong_spec(t, spec, r.rc)
     if r.rc == 3:
-        err = r.err.strip()
-        low = err.lower()
-        # sbatch refuses what the cluster can never run (more GPUs than any node has, an unknown
-        # partition or account); anything else (slurmctld down) may pass.
-        if any(w in low for w in ("not available", "invalid partition", "invalid account", "invalid qos",
-                                  "invalid generic resource", "invalid gres", "unrecognized option",
-                                  "invalid option", "node count specification invalid")):
-            _permanent(t, spec, f"Slurm refused {spec.identity}: {err[:300]}")
-        raise TemporaryError(f"sbatch on {t.machine.name} failed: {err[:300]}")
+        _sbatch_refused(t, spec, r.err.strip())
     if r.rc != 0:
         raise TemporaryError(f"submitting to Slurm from {t.machine.name} failed (exit {r.rc}): {r.err.strip()[:300]}")
     lines = r.out.split()
     return LaunchResult(spec.identity, spec.workspace, adopted=lines[:1] == ["adopted"],
                         container=None, job=lines[1] if len(lines) > 1 else None)
+
+
+def _sbatch_refused(t: Transport, spec: LaunchSpec, err: str) -> None:
+    low = err.lower()
+    # sbatch refuses what the cluster can never run (more GPUs than any node has, an unknown
+    # partition or account); anything else (slurmctld down) may pass.
+    if any(w in low for w in ("not available", "invalid partition", "invalid account", "invalid qos",
+                              "invalid generic resource", "invalid gres", "unrecognized option",
+                              "invalid option", "node count specification invalid", "invalid time limit",
+                              "invalid signal")):
+        _permanent(t, spec, f"Slurm refused {spec.identity}: {err[:300]}")
+    raise TemporaryError(f"sbatch on {t.machine.name} failed: {err[:300]}")
 
 
 def _launch_host(t: Transport, spec: LaunchSpec) -> LaunchResult:

@@ -19,6 +19,7 @@ from reconciler.artifacts.bundle import built_digest
 from reconciler.core.errors import TemporaryError
 from reconciler.runtime import probe as agent_module
 from .base import Completed, MachineInfo, only_runtime_and_artifacts
+from .base import without_checkpoints as skip_checkpoints
 
 class LocalTransport:
     def __init__(self, machine: MachineInfo):
@@ -56,15 +57,16 @@ class LocalTransport:
             raise ValueError(f"local bundles are built in their workspace ({ws}), not {bundle}")
         return ws
 
-    def put_secret_file(self, workspace: str, content: bytes) -> None:
+    def put_secret_file(self, workspace: str, content: bytes, name: str = "secrets.env") -> None:
         rt = Path(workspace) / "runtime"
         rt.mkdir(parents=True, exist_ok=True)
-        path = rt / "secrets.env"
+        path = rt / name
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as fh:
             fh.write(content)
 
-    def fetch(self, identity: str, dest: Path, limits: safetar.Limits = safetar.Limits()) -> safetar.Result:
+    def fetch(self, identity: str, dest: Path, limits: safetar.Limits = safetar.Limits(),
+              without_checkpoints: bool = False) -> safetar.Result:
         return safetar.Result(complete=True)  # the workspace is the local bundle: nothing is copied
 
     def close(self) -> None:
@@ -94,7 +96,8 @@ class StagingLocalTransport(LocalTransport):
         os.replace(tmp, ws)
         return str(ws)
 
-    def fetch(self, identity: str, dest: Path, limits: safetar.Limits = safetar.Limits()) -> safetar.Result:
+    def fetch(self, identity: str, dest: Path, limits: safetar.Limits = safetar.Limits(),
+              without_checkpoints: bool = False) -> safetar.Result:
         """runtime/ and artifacts/ of the workspace into ``dest``, never the secrets file. The
         workspace was written by the job: plain files and folders only, no link followed or
         copied (safetar.copy_tree), as for a workspace on another machine."""
@@ -105,6 +108,7 @@ class StagingLocalTransport(LocalTransport):
         Path(dest).mkdir(parents=True, exist_ok=True)
         for part in ("runtime", "artifacts"):
             if (ws / part).is_dir():
-                safetar.copy_tree(ws / part, Path(dest), prefix=(part,), keep=only_runtime_and_artifacts,
+                safetar.copy_tree(ws / part, Path(dest), prefix=(part,),
+                                  keep=skip_checkpoints if without_checkpoints else only_runtime_and_artifacts,
                                   limits=limits, result=res)
         return res

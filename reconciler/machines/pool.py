@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import threading
 
-from reconciler.core import boundary
+from reconciler.core import replies
 from .base import MachineInfo
 from .local import LocalTransport, StagingLocalTransport
 from reconciler.core.config import Config
@@ -40,7 +40,7 @@ class TransportPool:
 
     def __init__(self, cfg: Config, desired: DesiredState, kept: dict | None = None, factory=None):
         self.cfg = cfg
-        boundary.REPLY_BUDGET.resize(cfg.ssh_decode_budget_bytes)  # process-wide; a reload may change it
+        replies.REPLY_BUDGET.resize(cfg.ssh_decode_budget_bytes)  # process-wide; a reload may change it
         self.kept = kept
         self.factory = factory  # MachineInfo → transport, instead of SSH (the scale benchmark's simulation)
         self._machines = {}

@@ -41,7 +41,8 @@ import time
 
 import paramiko
 
-from reconciler.core.boundary import MAX_REPLY_BYTES, REPLY_BUDGET, BadReply, absolute_path
+from reconciler.core.boundary import MAX_REPLY_BYTES, BadReply, absolute_path
+from reconciler.core.replies import REPLY_BUDGET
 from reconciler.core.errors import PermanentError, TemporaryError
 from .remote_agent import agent_hash, agent_program
 from .base import Completed, MachineInfo, docker_prefix

@@ -16,7 +16,8 @@ from pathlib import Path
 from reconciler.artifacts import bundle as bundles
 from reconciler.artifacts import safetar
 from reconciler.core.errors import PermanentError, TemporaryError
-from .base import WRONG_SPEC, built_for_check, only_runtime_and_artifacts
+from .base import CHECKPOINT_EXCLUDE, WRONG_SPEC, built_for_check, only_runtime_and_artifacts
+from .base import without_checkpoints as skip_checkpoints
 
 
 class SshFiles:
@@ -93,24 +94,29 @@ class SshFiles:
                                  f"{err.decode('utf-8', 'replace').strip()[:300]}")
         return ws
 
-    def put_secret_file(self, workspace: str, content: bytes) -> None:
+    def put_secret_file(self, workspace: str, content: bytes, name: str = "secrets.env") -> None:
         rt = shlex.quote(posixpath.join(workspace, "runtime"))
-        script = f"umask 077 && mkdir -p {rt} && cat > {rt}/.secrets.env.tmp && mv {rt}/.secrets.env.tmp {rt}/secrets.env"
+        tmp, dst = shlex.quote(f".{name}.tmp"), shlex.quote(name)
+        script = f"umask 077 && mkdir -p {rt} && cat > {rt}/{tmp} && mv {rt}/{tmp} {rt}/{dst}"
         rc, _, err = self._exec("sh -c " + shlex.quote(script), content, self.command_timeout)
         if rc != 0:  # the error comes from mkdir/cat/mv and never contains the content
             raise TemporaryError(f"writing the secrets file on {self.where} failed (exit {rc}): "
                                  f"{err.decode('utf-8', 'replace').strip()[:200]}")
 
-    def fetch(self, identity: str, dest: Path, limits: safetar.Limits = safetar.Limits()) -> safetar.Result:
+    def fetch(self, identity: str, dest: Path, limits: safetar.Limits = safetar.Limits(),
+              without_checkpoints: bool = False) -> safetar.Result:
         """runtime/ and artifacts/ of the workspace, as one tar over one command, into ``dest``:
         plain files and folders only (safetar); what was left out is in the result."""
         ws = shlex.quote(self.workspace(identity))
         script = (f"cd {ws} || exit 97\nmkdir -p runtime artifacts\n"
-                  + _tar_create("--exclude=runtime/secrets.env --exclude=runtime/.secrets.env.tmp runtime artifacts"))
+                  + _tar_create("--exclude=runtime/secrets.env --exclude=runtime/.secrets.env.tmp "
+                                "--exclude=runtime/storage.env --exclude=runtime/.storage.env.tmp "
+                                + (CHECKPOINT_EXCLUDE + " " if without_checkpoints else "") + "runtime artifacts"))
         dest = Path(dest)
         dest.mkdir(parents=True, exist_ok=True)
         rc, err, res = self._untar(script, dest.parent, dest, max(self.command_timeout, 600.0),
-                                   only_runtime_and_artifacts, limits=limits)
+                                   skip_checkpoints if without_checkpoints else only_runtime_and_artifacts,
+                                   limits=limits)
         if rc == 97:
             raise TemporaryError(f"workspace of {identity} is gone from {self.where}")
         if res is None:

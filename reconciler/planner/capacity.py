@@ -32,6 +32,7 @@ class Slot:
     error: str = ""
     draining: str | None = None  # drained from the machine itself (its reason)
     foreign_gpus: set[int] = field(default_factory=set)  # used by processes the reconciler did not start
+    gpu_error: str | None = None  # foreign_gpus: avoid and its GPUs' processes unknown: none is handed out
     labels: dict[str, str] = field(default_factory=dict)
     gpu_memory: dict[str, float] = field(default_factory=dict)  # GPU type (lower case) → GB per GPU, when known
     cpu_total: int | None = None  # what the Fleet says the machine has (None: not said, not checked)
@@ -75,6 +76,8 @@ class Slot:
                 or (t is not None and self.gpu_memory.get(t.lower(), 0.0) >= min_memory)]
 
     def _free(self, gpu_type: str | None) -> list[int]:
+        if self.gpu_error:  # foreign_gpus: avoid, and who uses the GPUs is unknown: none is free
+            return []
         key = gpu_type.lower() if gpu_type else None
         of_type = self._of_type.get(key)
         if of_type is None:  # the machine's GPUs do not change within a plan: sorted and matched once
@@ -95,6 +98,8 @@ class Slot:
         if len(free) < gpu_count:
             kind = f" {gpu_type}" if gpu_type else ""
             others = f" ({len(self.foreign_gpus)} in use outside the reconciler)" if self.foreign_gpus else ""
+            if self.gpu_error:
+                others = f" (GPUs withheld, foreign_gpus: avoid: {self.gpu_error})"
             return f"{len(free)} free{kind} GPU(s) of {gpu_count} wanted{others}"
         return None
 
@@ -147,6 +152,7 @@ def _slots(desired: DesiredState, world: ObservedWorld, settings: PlanSettings) 
         # A GPU someone uses by hand is not free, whatever the fleet says (foreign_gpus: avoid).
         slot.foreign_gpus = set(obs.foreign_gpus)
         slot.used_gpus.update(obs.foreign_gpus)
+        slot.gpu_error = obs.gpu_error  # who uses its GPUs is unknown: fail closed (_free)
         for r in obs.runs.values():
             if r.alive:
                 slot.tasks += 1

@@ -57,19 +57,24 @@ def _fences(world: ObservedWorld, protected: set[str], covered: set[str], known:
 
     An instance of a run the repository does not know at all (``known``: no spec, no status) is
     stopped only once it has run ``orphan_grace`` seconds, with a warning until then: it may
-    belong to a newer checkout than this one. Anything not named like a run identity is never
-    reported by the probe, so never touched."""
+    belong to a newer checkout than this one; one without a start time of its own counts from
+    the first pass that saw it (``world.first_seen``). Anything not named like a run identity is
+    never reported by the probe, so never touched."""
     out = []
     for m in world.machines.values():
         if not m.reachable:
             continue
         for ident, r in sorted(m.runs.items()):
-            if r.alive and ident not in covered and _attempt(ident) not in covered:
+            if (r.alive or r.lingering) and ident not in covered and _attempt(ident) not in covered:
                 p = parse(ident)
                 if p is not None and p.name in protected:
                     continue
-                if p is not None and p.name not in known and r.started_at is not None:
-                    until = r.started_at + orphan_grace
+                if p is not None and p.name not in known:
+                    # No start time of its own: the first pass that saw it alive is its start.
+                    start = r.started_at
+                    if start is None:
+                        start = world.first_seen.get(f"{m.name} {ident}", now)
+                    until = start + orphan_grace
                     if now < until:
                         warnings.append(f"{ident} runs on {m.name} but no spec or status names {p.name}; "
                                         f"it is stopped at {iso(until)} unless a spec claims it")
@@ -101,7 +106,8 @@ def _leftovers(plan: Plan, world: ObservedWorld, protected: set[str], known: set
         if not m.reachable:
             continue
         for ident, r in sorted(m.runs.items()):
-            if r.alive or r.collected or r.state == "unknown" or ident in covered or _attempt(ident) in covered:
+            if (r.alive or r.lingering or r.collected or r.state == "unknown" or ident in covered
+                    or _attempt(ident) in covered):
                 continue
             p = parse(ident)
             if p is None or p.name in protected:

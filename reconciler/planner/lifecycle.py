@@ -18,6 +18,7 @@ from .book import PlanBook
 from .gangs import _free_nodes, _resources, _stop_nodes
 from .launch import launch as _launch
 from .render import _short
+from .slurm_ends import slurm_verdict
 from .stop import _on_unreachable
 
 
@@ -91,7 +92,7 @@ def _unreachable_wait(name, where, ident, prev, world, settings, now, base) -> t
                          f"{where} does not answer ({world.machines[where].error or 'no reply'}); "
                          f"{ident} is declared lost at {iso(since + settings.unreachable_grace)} "
                          "if it still does not answer",
-                         prev.phase if prev else "Unknown", retry_after=min(left, 60.0), identity=ident,
+                         "Unknown", retry_after=min(left, 60.0), identity=ident,
                          machine=where, **base)
 
 
@@ -154,7 +155,7 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
         return launch(attempt, "Launch", f"{ident} was staged but never started; starting it")
     if obs is not None and obs.state == "unknown":
         return [Change(name, Action.WAIT, "ObserveFailed", f"{obs.machine} cannot tell whether {ident} runs: "
-                       f"{obs.message or 'no answer'}", prev.phase if prev else "Unknown", identity=ident,
+                       f"{obs.message or 'no answer'}", "Unknown", identity=ident,
                        machine=obs.machine, retry_after=30.0, **base)]
     if obs is None:
         return _not_found(name, entry, prev, world, settings, now, launch, base, policy, instances, ident, gen,
@@ -254,6 +255,11 @@ def _found_ended(name, entry, prev, desired, obs, ident, stale, base, handle_ide
 
     stall = prev.condition("Stalled") if prev is not None else None
     stopped_for_stall = stall is not None and stall.status == "True"
+    verdict = slurm_verdict(run, obs, ident) if obs.slurm_end else None
+    if verdict is not None:  # Slurm's reason, and its bearing on a retry
+        why, no_retry, code = verdict
+        return _after_failure(name, entry, prev, ident, obs, why, now, launch, base, policy, no_retry=no_retry,
+                              code=code)
     if obs.nodes:  # which node ended the attempt, and how
         return _after_failure(name, entry, prev, ident, obs, f"{ident} ended: {obs.message}", now, launch, base,
                               policy)
@@ -296,14 +302,18 @@ def _stalled(run, obs: ObservedRun, now: float) -> str | None:
     return f"no training progress since {since} at {iso(last)} (stall.afterSeconds {stall.afterSeconds:g})"
 
 
-def _after_failure(name, entry, prev, ident, obs, why, now, launch, base, policy, lost_at=None) -> list[Change]:
+def _after_failure(name, entry, prev, ident, obs, why, now, launch, base, policy, lost_at=None, no_retry=None,
+                   code="Failed") -> list[Change]:
+    """``no_retry``: why this end is never retried (else the restart policy decides); ``code``:
+    the status's reason when the run stays failed."""
     attempt = base["attempt"]
     exit_code = obs.exit_code if obs is not None else None
     retries_used = attempt - 1 - ((prev.preemptions or 0) if prev is not None else 0)  # preemptions are not failures
-    no_retry = "no retries left"
-    if obs is not None and obs.permanent:  # e.g. the precheck refused the environment: retrying cannot help
-        policy = type(policy)(maxRetries=0, backoffSeconds=policy.backoffSeconds)
+    if obs is not None and obs.permanent and no_retry is None:  # e.g. the precheck refused the environment
         no_retry = "not retried: retrying cannot help"
+    if no_retry is not None:
+        policy = type(policy)(maxRetries=0, backoffSeconds=policy.backoffSeconds)
+    no_retry = no_retry or "no retries left"
     if retries_used < policy.maxRetries:
         finished = _failed_at(obs, prev, lost_at)
         left = finished + policy.backoffSeconds - now
@@ -326,12 +336,12 @@ def _after_failure(name, entry, prev, ident, obs, why, now, launch, base, policy
         return changes
     phase = "Failed"
     if obs is not None and not obs.collected:
-        return [Change(name, Action.COLLECT, "Failed", f"{why}; {no_retry}", phase, identity=ident,
+        return [Change(name, Action.COLLECT, code, f"{why}; {no_retry}", phase, identity=ident,
                        machine=obs.machine, workspace=obs.workspace, exit_code=exit_code, **base)]
     if prev is not None and prev.phase == phase and prev.attempt == attempt:
         return [Change(name, Action.NONE, "Done", "failed; no retries left", phase, identity=ident,
                        exit_code=prev.exit_code, **base)]
-    return [Change(name, Action.NONE, "Failed", f"{why}; {no_retry}", phase, identity=ident, exit_code=exit_code,
+    return [Change(name, Action.NONE, code, f"{why}; {no_retry}", phase, identity=ident, exit_code=exit_code,
                    **base)]
 
 

@@ -44,6 +44,7 @@ from reconciler.spec.load import DesiredState
 
 from .book import PlanBook
 from .capacity import _slots
+from .fence import fence_other_attempts, hold_for_unreachable
 from .gangs import expand_gangs
 from .housekeeping import _accounted, _fences, _leftovers, _saves
 from .lifecycle import _running
@@ -126,6 +127,8 @@ def _make_plan(desired, world, previous, now, settings, settled, missing_secrets
                 and change is not None and change.phase not in TERMINAL):
             plan.warnings.append(f"{name}: secret(s) {', '.join(secrets)} not set on the reconciler host; "
                                  "its launches wait until they are")
+    hold_for_unreachable(plan, world, previous, now, settings.unreachable_grace)
+    fence_other_attempts(plan, world, invalid)
     covered = _accounted(plan)
     known = set(desired.runs) | set(desired.invalid) | set(previous) | settled
     plan.changes.extend(_fences(world, invalid, covered, known, now, settings.orphan_grace, plan.warnings))

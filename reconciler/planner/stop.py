@@ -11,6 +11,8 @@ from reconciler.core.plan import Change, Kill
 from reconciler.core.runstatus import TERMINAL, RunStatus
 from reconciler.spec.load import RunEntry
 
+from .fence import evaporated
+
 
 def _preempted(name: str, entry: RunEntry, prev: RunStatus | None, victim: tuple) -> Change:
     kill, why = victim
@@ -94,5 +96,6 @@ def _on_unreachable(world: ObservedWorld, prev: RunStatus | None) -> str | None:
         return None
     m = world.machines.get(prev.handle.machine)
     if m is not None and not m.reachable and prev.phase not in TERMINAL:
-        return prev.handle.machine
+        # A rental its provider no longer has cannot come back with the instance: not waited for.
+        return None if evaporated(world, prev.handle.machine) else prev.handle.machine
     return None

@@ -8,8 +8,9 @@ is never mistaken for a checkpoint). The newest copy is all a resume needs: olde
 When the run is relaunched on another machine, the newest copy of its generation is staged with
 the bundle (``inputs/.reconciler/resume/checkpoint-N``) and training resumes from it.
 
-Object storage instead of this host's disk is a matter of replacing ``save`` and ``latest``
-(docs/rentals.md says how a team would point them at a bucket).
+This is the small-scale default. A run with a Storage (docs/storage.md) never comes here: its
+machine uploads checkpoints to the bucket itself and a relaunch downloads them from there, so no
+checkpoint byte crosses this host.
 
 The machine says where its checkpoints are, and a machine is untrusted: a path it reports is
 copied only if it looks like a checkpoint folder of the workspace (``checkpoint_problem``), the

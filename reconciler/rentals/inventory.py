@@ -3,8 +3,14 @@ provider and pass, the GPU check of a fresh machine, and first-contact host keys
 
 The planner decides from ``ObservedWorld.rentals`` (filled here) and apply carries out its
 ``provision`` and ``release`` changes through the same adapters. API calls per pass are bounded
-by the number of providers, not of rentals: one inventory listing each (in parallel), plus one
-call per machine asked for or given back.
+by the number of providers, not of rentals: one inventory listing each (in parallel), one live
+offer listing each (Targon, Lambda, RunPod, Vast.ai), plus one call per machine asked for or given
+back.
+
+Live offers reach the planner as values, like the catalog always did: once per pass each
+provider's listing is merged with its catalog (``offers.effective_offers``) and the pass's copy of
+the Provider carries the result as ``spec.offers``. A listing that fails leaves the catalog as
+written (logged): the pass goes on with what the repository says.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import Callable
 
 from reconciler.core.errors import PermanentError, ReconcilerError, TemporaryError
 from reconciler.core.observed import ObservedRental
-from reconciler.spec.offers import parse_rental_name
+from reconciler.spec.offers import effective_offers, gpu_tokens, parse_rental_name
 from .providers.base import AdapterContext, adapter_for, valid_rentals
 from reconciler.spec.load import DesiredState
 
@@ -42,6 +48,8 @@ class Providers:
         # same bad offer again on every run.
         self._bad_path = Path(state_dir) / BAD_OFFERS_FILE if state_dir is not None else None
         self.bad_offers: dict[tuple[str, str], float] = _read_bad_offers(self._bad_path, time.time())
+        self.offer_errors: dict[str, str] = {}  # provider → why its live offers were not read this pass
+        self._offers_in_use: dict[str, dict] = {}  # provider → {offer id: Offer} of its live rentals
         self._lock = threading.Lock()
 
     def sync(self, desired: DesiredState) -> None:
@@ -56,6 +64,40 @@ class Providers:
             for name in [n for n in self._adapters if n not in desired.providers
                          and n not in desired.invalid_providers]:
                 del self._adapters[name]
+        self.price(desired)
+
+    def price(self, desired: DesiredState, parallel: int = 8) -> None:
+        """This pass's offers: each provider with a market lists it once, and ``desired`` (this
+        pass's copy) and the adapter get the Provider with the catalog merged into it."""
+        names = [n for n in desired.providers if hasattr(self._adapters.get(n, (None, None))[1], "live_offers")]
+        if not names:
+            return
+
+        def one(name: str):
+            try:
+                return name, self.get(name).live_offers(), None
+            except ReconcilerError as e:
+                return name, None, str(e)
+            except Exception as e:  # noqa: BLE001 - one provider's listing never stops the pass
+                return name, None, f"{type(e).__name__}: {e}"
+
+        with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(names)))) as pool:
+            results = list(pool.map(one, names))
+        for name, live, error in results:
+            p = desired.providers[name]
+            if error is not None:
+                self.offer_errors[name] = error
+                log.warning("provider %s: live offers unavailable (%s); the catalog is used as written", name, error)
+            else:
+                self.offer_errors.pop(name, None)
+            offers = effective_offers(p, live)
+            # An offer a live rental was made from stays known (a Vast.ai ask leaves the market once
+            # rented): the planner checks the machine's GPUs and fit against it.
+            ids = {o.id for o in offers}
+            offers += [o for i, o in sorted(self._offers_in_use.get(name, {}).items()) if i not in ids]
+            merged = p.model_copy(update={"spec": p.spec.model_copy(update={"offers": offers})})
+            desired.providers[name] = merged
+            self.get(name).provider = merged
 
     def get(self, name: str):
         with self._lock:
@@ -116,6 +158,7 @@ class Providers:
             if error is not None:
                 errors[name] = error
                 continue
+            self._remember_offers(name, items)
             # Every adapter's ids, checked once more here (the command adapter's come from a
             # program's output): a bad one is left out with the reason in the log.
             for r in valid_rentals(name, items):
@@ -129,6 +172,15 @@ class Providers:
                     created_at=r.created_at, offer=r.offer, message=r.message, workspace_root=r.workspace_root,
                     host_key=r.host_key)
         return rentals, errors
+
+    def _remember_offers(self, name: str, items: list) -> None:
+        try:
+            known = {o.id: o for o in self.get(name).provider.spec.offers}
+        except PermanentError:
+            return
+        used = {r.offer for r in items if r.offer and r.state != "terminated"}
+        before = self._offers_in_use.get(name, {})
+        self._offers_in_use[name] = {i: known.get(i) or before[i] for i in used if i in known or i in before}
 
 
 def _read_bad_offers(path: Path | None, now: float) -> dict[tuple[str, str], float]:
@@ -235,8 +287,8 @@ def verify_gpus(transport, want: dict) -> str:
     seen = f"{len(gpus)} x {gpus[0][0]}" if gpus else "no GPU"
     if len(gpus) < count:
         raise GpuMismatch(f"offer promised {count} x {gtype or 'GPU'}, the machine has {seen}")
-    if gtype and not all(gtype.lower() in name.lower().replace("-", " ").split() or gtype.lower() in name.lower()
-                         for name, _ in gpus[:count]):
+    model = next((t for t in gpu_tokens(gtype) if any(c.isdigit() for c in t)), gtype.lower()) if gtype else None
+    if model and not all(model in gpu_tokens(name) or model in name.lower() for name, _ in gpus[:count]):
         raise GpuMismatch(f"offer promised {gtype}, the machine has {seen}")
     if mem:
         low = [m for _, m in gpus[:count] if m / 1024 < mem * 0.9]

@@ -24,6 +24,31 @@ log() { echo "$(date -u +%Y-%m-%dT%H:%M:%SZ) $*" >> runtime/runtime.log; }
 echo "$$" > runtime/pid.tmp && mv runtime/pid.tmp runtime/pid
 date +%s > runtime/started_at
 
+# Under Slurm the secrets wait on the login host while the job is queued, and are delivered only
+# once this wrapper has started (runtime/secrets.pending says so): wait for them, for a while.
+if [ -f runtime/secrets.pending ]; then
+    i=0
+    while [ ! -f runtime/secrets.env ] && [ "$i" -lt $((${RECONCILER_SECRETS_WAIT:-120} * 5)) ]; do
+        sleep 0.2; i=$((i+1))
+    done
+    rm -f runtime/secrets.pending
+    if [ ! -f runtime/secrets.env ]; then
+        printf '{"state": "failed", "exit_code": 126, "finished_ts": %s, "message": "%s"}\n' "$(date +%s)" \
+            "the secrets were not delivered from the login host" > runtime/result.json.tmp
+        mv runtime/result.json.tmp runtime/result.json
+        exit 126
+    fi
+fi
+
+# Object storage (docs/storage.md): the remote's configuration and credentials are read once into
+# a variable that is never exported, handed to scripts/storage_sync.py on its stdin, and deleted.
+# The control plane writes it before secrets.env, so after the wait above it is there.
+store_env=""
+if [ -f runtime/storage.env ]; then
+    store_env=$(cat runtime/storage.env)
+    rm -f runtime/storage.env
+fi
+
 if [ -f runtime/secrets.env ]; then
     set -a
     . ./runtime/secrets.env
@@ -77,6 +102,8 @@ stop_helpers() {
 }
 
 on_term() {
+    [ -n "$syncer" ] && kill -TERM "$syncer" 2>/dev/null  # a terminate ends uploads too
+    [ -n "$job_done" ] && exit "$code"  # the result is written: only the final upload was cut
     log "signal received; stopping the job"
     [ -n "$child" ] && kill -TERM "$child" 2>/dev/null
     [ -n "$child" ] && wait "$child" 2>/dev/null
@@ -85,8 +112,42 @@ on_term() {
     exit 143
 }
 trap on_term TERM INT HUP
+# Slurm's warning before the time limit (sbatch --signal=B:<sig>@<seconds>) reaches only this
+# shell: pass it on to the job, which saves a checkpoint on it.
+forward() {
+    log "SIG$1 received; passing it to the job"
+    [ -n "$child" ] && kill "-$1" "$child" 2>/dev/null
+}
+trap 'forward USR1' USR1
+trap 'forward USR2' USR2
 
 log "launch $ident in $bundle"
+
+# Object storage: resume from the bucket before the job starts, upload beside it while it runs.
+# The sync program gets the base environment and the attempt's identity and workspace (a stop finds
+# it; an attempt whose upload still runs is not taken for over), never the job's secrets; printf is a builtin, so
+# the credentials are on no command line.
+syncer=""
+job_done=""
+if [ -f scripts/storage.json ] && [ -z "$py" ]; then
+    log "storage: no python3 here; nothing is uploaded"
+elif [ -f scripts/storage.json ]; then
+    printf '%s\n' "$store_env" | env -i PATH="$PATH" HOME="${HOME:-/}" RECONCILER_IDENTITY="$ident" RECONCILER_BUNDLE="$bundle" \
+        "$py" scripts/storage_sync.py fetch >>runtime/runtime.log 2>&1
+    code=$?
+    if [ "$code" -ne 0 ]; then  # storage_sync.py wrote result.json with the reason
+        log "storage: the job does not start (fetch exit $code)"
+        # A fetch that died before it could say why (a crash, a kill) still ends the attempt
+        # with a result: never a run that looks lost.
+        [ -f runtime/result.json ] || finish failed "$code"
+        exit "$code"
+    fi
+    printf '%s\n' "$store_env" | env -i PATH="$PATH" HOME="${HOME:-/}" RECONCILER_IDENTITY="$ident" RECONCILER_BUNDLE="$bundle" \
+        RECONCILER_STORAGE_FINAL_SECONDS="${RECONCILER_STORAGE_FINAL_SECONDS:-1800}" \
+        "$py" scripts/storage_sync.py watch . $$ >>runtime/runtime.log 2>&1 &
+    syncer=$!
+fi
+store_env=""
 
 # GPU telemetry, when the execution plane has a python; it exits by itself when this script dies.
 if [ -n "$py" ] && [ -f scripts/gpu_sampler.py ] && [ "${RECONCILER_GPU_SAMPLER:-1}" != "0" ]; then
@@ -101,8 +162,11 @@ if [ -n "$multi" ]; then
     # --export=ALL: the job was submitted with only the base environment (SLURM_EXPORT_ENV says
     # so, and srun would follow it); each node's task needs this wrapper's, the run's own
     # variables and secrets, which go to the nodes with the step, never into the saved job state.
+    # Each task writes runtime/rank-N.exit (its code and time; the workspace is on the shared file
+    # system): the probe names the rank that failed first, where srun's own code says only 143.
     srun --export=ALL --nodes="$RECONCILER_NODES" --ntasks="$RECONCILER_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \
-        --label sh -c 'NODE_RANK=$SLURM_NODEID; export NODE_RANK; exec sh scripts/entrypoint.sh' \
+        --label sh -c 'NODE_RANK=$SLURM_NODEID; export NODE_RANK; trap : USR1 USR2; sh scripts/entrypoint.sh; c=$?
+            echo "$c $(date +%s)" > "runtime/rank-$NODE_RANK.exit"; exit $c' \
         </dev/null >>artifacts/stdout.log 2>>artifacts/stderr.log &
 else
     sh scripts/entrypoint.sh </dev/null >>artifacts/stdout.log 2>>artifacts/stderr.log &
@@ -118,12 +182,19 @@ echo "$child" > runtime/child.pid
 ) </dev/null >/dev/null 2>&1 &
 hb=$!
 
-wait "$child"
-code=$?
+# A forwarded signal interrupts wait while the job lives on: wait again until it has ended.
+while :; do
+    wait "$child"
+    code=$?
+    kill -0 "$child" 2>/dev/null || break
+done
 stop_helpers
 if [ "$code" -eq 0 ]; then
     finish succeeded 0
 else
     finish failed "$code"
 fi
+# The last checkpoint and the artifacts go up before the wrapper exits (storage_sync.py bounds it).
+job_done=1
+while [ -n "$syncer" ] && kill -0 "$syncer" 2>/dev/null; do wait "$syncer"; done
 exit "$code"

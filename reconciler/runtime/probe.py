@@ -25,8 +25,9 @@ job runs on another node (``slurm.py``: one ``squeue`` per cluster answers for a
 The report also says what the machine itself asks for: a drain flag (``~/.reconciler/drain`` of
 the login, written by ``reconcile agent drain`` on the machine: nothing new starts there) and,
 when the fleet asks for it, the GPUs that processes the reconciler did not start are using
-(``nvidia-smi``'s compute process list; a process is ours when its environment carries
-``RECONCILER_IDENTITY``, which the launch wrapper exports to everything it starts).
+(``nvidia-smi``'s compute process list; a process is ours when it runs as this login and its
+environment carries ``RECONCILER_IDENTITY``, which the launch wrapper exports to everything it
+starts).
 """
 
 from __future__ import annotations
@@ -34,12 +35,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 
-from .readings import MAX_TIME, _docker_states, _num, _process_groups, _read, _result, _small_int, group_alive
-from .slurm import _slurm_runs
+from .gpus import foreign_gpus
+from .readings import (MAX_TIME, _docker_states, _num, _process_groups, _read, _result, _small_int, carriers,
+                       group_alive)
+from .slurm import _slurm_runs, wants_slurm
 from .stop import finish, terminate
 
 IDENTITY = re.compile(r"^(?P<name>[a-z0-9]([-a-z0-9]*[a-z0-9])?)-g(?P<gen>[0-9]+)-a(?P<attempt>[0-9]+)"
@@ -50,6 +52,11 @@ DRAIN_FILE = os.path.join("~", ".reconciler", "drain")
 
 
 PROGRESS_SCAN_LIMIT = 4 << 20  # bytes read backwards at most to find the last step line
+# The loss curve gets every step logged since the last pass, not only the newest: the last
+# CURVE_POINTS step lines within CURVE_BYTES of the log's end (a pass every 30 s and a line every
+# few steps is a handful; a long gap between passes keeps the newest ones).
+CURVE_POINTS = 32
+CURVE_BYTES = 64 << 10
 
 
 def _iso(ts):
@@ -105,8 +112,30 @@ def _last_step_line(path, limit=PROGRESS_SCAN_LIMIT):
     return None
 
 
-def _progress(ws):
-    """The latest training step from ms-swift's logging.jsonl (searched two levels deep), normalised."""
+def _recent_points(path):
+    """[[step, loss], ...] of the last step lines of a JSON-lines log, oldest first."""
+    with open(path, "rb") as fh:
+        fh.seek(0, 2)
+        start = max(0, fh.tell() - CURVE_BYTES)
+        fh.seek(start)
+        lines = fh.read(CURVE_BYTES).split(b"\n")
+    if start:
+        lines = lines[1:]  # a partial first line
+    points = []
+    for line in lines:
+        if b'"loss"' not in line:
+            continue
+        try:
+            p = normalize_progress(json.loads(line.decode("utf-8", "replace")), None)
+        except (ValueError, RecursionError):
+            continue
+        if p is not None and p["step"] is not None:
+            points.append([p["step"], p["loss"]])
+    return points[-CURVE_POINTS:]
+
+
+def _progress_file(ws):
+    """The newest logging.jsonl of the run (searched two levels deep) and its time, or None."""
     base = os.path.join(ws, "artifacts", "output")
     best = None
     for dirpath, dirnames, filenames in _walk(base, 2):
@@ -118,6 +147,13 @@ def _progress(ws):
                 continue
             if best is None or m > best[0]:
                 best = (m, p)
+    return best
+
+
+def _progress(ws, best=False):
+    """The latest training step from ms-swift's logging.jsonl, normalised (``best``: the file,
+    when the caller has looked for it already)."""
+    best = _progress_file(ws) if best is False else best
     if best is None:
         return None
     try:
@@ -183,7 +219,7 @@ def probe(root, names=None, now=None):
     except OSError as e:
         result["error"] = f"cannot list {root}: {e}"
         return result
-    scan = {}  # the /proc scan, made once, on first need
+    scan = {"root": root}  # the /proc scan, made once, on first need; whose workspaces it is for
     pending_docker = {}
     pending_slurm = []
     for entry in entries:
@@ -266,7 +302,7 @@ def _workspace(entry, name, ws, names, now, scan):
     except OSError:
         pass
     container = _read(os.path.join(rt, "container"), 256)
-    slurm = _read(os.path.join(rt, "slurm.json")) if result_text is None else None
+    slurm = _read(os.path.join(rt, "slurm.json")) if wants_slurm(rt, result_text) else None
     if result_text is not None:
         try:
             res = json.loads(result_text)
@@ -274,6 +310,8 @@ def _workspace(entry, name, ws, names, now, scan):
             run["state"], run["message"] = "failed", "runtime/result.json is not valid JSON"
         else:
             run.update(_result(res, rt))
+        if slurm is not None:  # a Slurm job that failed or was stopped: Slurm says why
+            pending = slurm
     elif container:
         run["container"] = container.strip()
         pending = "docker"
@@ -299,15 +337,30 @@ def _workspace(entry, name, ws, names, now, scan):
                 run["state"] = "running" if young else "lost"
                 if not young:
                     run["message"] = "no pid and no result: the launch never started"
+    if pending is None and not container:
+        _live(entry, run, scan)
     if run.get("state") == "failed" and run.get("exit_code") == PRECHECK_EXIT:
         reason = _precheck_failure(ws)
         if reason:
             run["message"], run["permanent"] = "precheck failed: " + reason[:280], True
     state = run.get("state")
     if name in names and (state in ("running", None)
-                          or state in ("succeeded", "failed") and not run["collected"]):
+                          or state in ("succeeded", "failed", "terminated") and not run["collected"]):
         _describe(ws, run, state)
     return run, pending
+
+
+def _live(entry, run, scan):
+    """How many processes carry the workspace's identity, in any session (``live``, when some do).
+    A result.json says the wrapper's own child ended, not that everything the attempt started did:
+    a worker in a session of its own outlives it, and keeps the attempt alive until it is stopped."""
+    if "carriers" not in scan:
+        if "groups" not in scan:
+            scan["groups"] = _process_groups()
+        scan["carriers"] = carriers(scan["groups"], scan.get("root"))
+    pids = scan["carriers"].get(entry)
+    if pids:
+        run["live"] = len(pids)
 
 
 def _job_fields(ws, run):
@@ -334,24 +387,52 @@ def _describe(ws, run, state):
     # Progress and checkpoints describe the run; they never decide its state. Unreadable
     # ones are left out, and the run is reported as it is.
     try:
-        prog = _progress(ws)
+        found = _progress_file(ws)
+        prog = _progress(ws, found)
     except Exception:  # noqa: BLE001
-        prog = None
+        found = prog = None
     if prog:
         run["progress"] = prog
-    if state in ("running", None):
+        try:
+            run["curve"] = _recent_points(found[1])
+        except OSError:
+            pass
+    if state in ("running", None, "failed", "terminated"):  # ended: whether a retry can resume
         try:
             ckpts = _checkpoints(ws)
         except Exception:  # noqa: BLE001
             ckpts = None
         if ckpts:
             run["checkpoints"] = ckpts[-100:]
+    _uploads(ws, run)
 
 
-def drain_state(path=DRAIN_FILE):
+UPLOADS_LIMIT = 256 * 1024  # runtime/uploads.json: 64 checkpoints take ~25 KB
+
+
+def _uploads(ws, run):
+    """runtime/uploads.json (a run with a Storage: what it uploaded), passed on decoded; the
+    control plane checks it (core/uploads.py). Too large or not JSON: passed on as a string,
+    which the control plane refuses with its reason."""
+    text = _read(os.path.join(ws, "runtime", "uploads.json"), UPLOADS_LIMIT + 1)
+    if text is None:
+        return
+    try:
+        run["uploads"] = json.loads(text) if len(text) <= UPLOADS_LIMIT else "too large"
+    except (ValueError, RecursionError):
+        run["uploads"] = "not JSON"
+
+
+MACHINE_DRAIN_FILE = "/etc/reconciler/drain"  # root's (``reconcile agent drain --machine-wide``)
+
+
+def drain_state(path=DRAIN_FILE, machine_path=MACHINE_DRAIN_FILE):
     """The machine's own drain flag: {"reason", "since"}, or None. A flag that cannot be parsed
-    still drains (an engineer meant it), with its text as the reason."""
-    text = _read(os.path.expanduser(path), 4096)
+    still drains (an engineer meant it), with its text as the reason. The machine-wide flag comes
+    first: the login's own one lies in the home its jobs run in, so a job could lift it."""
+    text = _read(machine_path, 4096)
+    if text is None:
+        text = _read(os.path.expanduser(path), 4096)
     if text is None:
         return None
     try:
@@ -363,36 +444,6 @@ def drain_state(path=DRAIN_FILE):
     except (ValueError, RecursionError):
         pass
     return {"reason": text.strip()[:200], "since": None}
-
-
-def _ours(pid):
-    """Whether a process was started by a launch wrapper (its environment names a run identity).
-    An environment we cannot read (another user's process) is not ours."""
-    try:
-        with open("/proc/%d/environ" % pid, "rb") as fh:
-            return b"\0RECONCILER_IDENTITY=" in b"\0" + fh.read()
-    except OSError:
-        return False
-
-
-def foreign_gpus(smi="nvidia-smi"):
-    """Indices of the GPUs some process not started by the reconciler is using, from nvidia-smi.
-    {"gpus": [...]} or {"error": why} (no nvidia-smi, or it failed: the planner then trusts the fleet)."""
-    def query(*args):
-        p = subprocess.run([smi, *args, "--format=csv,noheader,nounits"], capture_output=True, text=True,
-                           timeout=20)
-        if p.returncode != 0:
-            raise OSError((p.stderr or p.stdout).strip()[:200] or "exit %d" % p.returncode)
-        return [[f.strip() for f in line.split(",")] for line in p.stdout.splitlines() if line.strip()]
-    try:
-        index = {uuid: int(i) for i, uuid in query("--query-gpu=index,uuid")}
-        busy = set()
-        for uuid, pid in query("--query-compute-apps=gpu_uuid,pid"):
-            if uuid in index and pid.isdigit() and not _ours(int(pid)):
-                busy.add(index[uuid])
-        return {"gpus": sorted(busy)}
-    except (OSError, ValueError, subprocess.SubprocessError) as e:
-        return {"error": "cannot read the GPUs' processes: %s" % e}
 
 
 def dispatch(args):

@@ -23,10 +23,18 @@ def _read(path, limit=65536):
 def _process_groups():
     """pgid → pids of its live (non-zombie) processes, from one scan of /proc."""
     groups = {}
+    for pid, (pgid, _session) in process_table().items():
+        groups.setdefault(pgid, []).append(pid)
+    return groups
+
+
+def process_table():
+    """pid → (pgid, session) of every live (non-zombie) process, from one scan of /proc."""
+    table = {}
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return groups
+        return table
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -35,10 +43,83 @@ def _process_groups():
             continue
         # comm may contain spaces and parentheses: fields start after the last ')'.
         rest = stat[stat.rfind(")") + 2:].split()
-        if len(rest) < 3 or rest[0] in ("Z", "X"):
+        if len(rest) < 4 or rest[0] in ("Z", "X"):
             continue
-        groups.setdefault(int(rest[2]), []).append(int(entry))
-    return groups
+        table[int(entry)] = (int(rest[2]), int(rest[3]))
+    return table
+
+
+MAX_CARRIERS = 64  # pids kept per identity: enough to signal a torchrun's workers, bounded for the reply
+_IDENTITY_VAR = b"\0RECONCILER_IDENTITY="
+_BUNDLE_VAR = b"\0RECONCILER_BUNDLE="
+ENVIRON_LIMIT = 1 << 20  # bytes of a process's environment read at most
+
+
+def _carried(pid):
+    """(identity, workspace) of a process, from its environment as the launch wrapper exports it to
+    everything it starts (RECONCILER_IDENTITY, RECONCILER_BUNDLE), or None: not ours, gone, or
+    another user's (its environment cannot be read)."""
+    env = b"\0"
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            # In pieces: a read of the whole bound at once costs a 1 MiB buffer per process.
+            while len(env) <= ENVIRON_LIMIT:
+                piece = fh.read(65536)
+                if not piece:
+                    break
+                env += piece
+    except OSError:
+        return None
+    ident = _env_value(env, _IDENTITY_VAR)
+    return (ident, _env_value(env, _BUNDLE_VAR)) if ident else None
+
+
+def _env_value(env, var):
+    at = env.find(var)
+    if at < 0:
+        return None
+    start = at + len(var)
+    end = env.find(b"\0", start)
+    value = env[start:] if end < 0 else env[start:end]
+    return value.decode("utf-8", "replace")[:4096] if 0 < len(value) <= 4096 else None
+
+
+def _same_place(a, b):
+    if a is None:
+        return False
+    if os.path.normpath(a) == os.path.normpath(b):
+        return True
+    try:
+        return os.path.realpath(a) == os.path.realpath(b)
+    except OSError:
+        return False
+
+
+def carriers(groups=None, root=None):
+    """identity → live pids (at most MAX_CARRIERS each) of every process carrying a run identity,
+    in any session or process group: what a process that left its group (``setsid``) still shares
+    with the attempt that started it. One scan; ``groups``: a /proc scan to reuse.
+
+    ``root``: only the processes whose workspace is ``root/<identity>``. An identity is the run's
+    name, generation and attempt, and another repository (another namespace, another workspace
+    root) may run one of the same name on the same machine: its processes are not this one's, and
+    must never be counted or stopped as if they were."""
+    me = os.getpid()
+    out = {}
+    for pids in (_process_groups() if groups is None else groups).values():
+        for pid in pids:
+            if pid == me:
+                continue
+            found = _carried(pid)
+            if found is None:
+                continue
+            ident, bundle = found
+            if root is not None and not _same_place(bundle, os.path.join(root, ident)):
+                continue
+            pids_of = out.setdefault(ident[:200], [])
+            if len(pids_of) < MAX_CARRIERS:
+                pids_of.append(pid)
+    return out
 
 
 def _mentions(pid, identity):

@@ -28,6 +28,7 @@ from .models.fleet import Fleet
 from .models.policy import Policy
 from .models.provider import Provider
 from .models.run import Run
+from .models.storage import Storage
 from .models.template import ExecutionTemplate
 
 SPEC_DIRS = ("specs", "execution_templates")
@@ -331,6 +332,7 @@ class DesiredState:
     fleets: dict[str, Fleet] = field(default_factory=dict)
     providers: dict[str, Provider] = field(default_factory=dict)
     policy: Policy | None = None
+    storages: dict[str, Storage] = field(default_factory=dict)  # by name, the valid ones
     # Providers whose file is there but invalid: their rentals are left alone until it is fixed.
     invalid_providers: dict[str, str] = field(default_factory=dict)
     invalid: dict[str, str] = field(default_factory=dict)  # run name (a DNS label, always) → first message
@@ -340,7 +342,7 @@ class DesiredState:
 
 # Fields added to RunSpec after runs were launched under it: left out of the digest while unset,
 # so that upgrading the reconciler does not relaunch every run as a new generation.
-ADDED_LATER = ("maxCost", "priority", "affinity", "antiAffinity")
+ADDED_LATER = ("maxCost", "priority", "affinity", "antiAffinity", "restartedAt", "outputs", "slurm")
 
 
 # The same for fields added inside overrides: (path) left out while None.
@@ -414,6 +416,8 @@ def load_tree(root: Path, cache: SpecCache | None = None, only: set[Path] | None
             desired.providers[f.obj.metadata.name] = f.obj
         elif isinstance(f.obj, Policy):
             desired.policy = f.obj
+        elif isinstance(f.obj, Storage):
+            desired.storages[f.obj.metadata.name] = f.obj
     if wanted is not None:
         desired.diagnostics = [d for d in desired.diagnostics if d.path in wanted]
     desired.diagnostics.sort()

@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 
 from .models.common import Resources
-from .models.provider import Offer, Provider
+from .models.provider import CATALOG_ONLY, Offer, Provider
 
 PREFIX = "rc-"
 # A namespace has no double hyphen and neither starts nor ends with one (core/config.py checks it
@@ -95,18 +95,26 @@ def parse_rental_name(name: str, namespace: str | None = None) -> RentalName | N
     return RentalName(m.group("ns"), m.group("identity"), int(m.group("n")))
 
 
+def gpu_tokens(name: str) -> list[str]:
+    return [t for t in re.split(r"[\s_\-/()]+", name.lower()) if t]
+
+
 def gpu_matches(offered: str | None, wanted: str | None) -> bool:
+    """Without regard to case, and by words: "H100" is any of "H100 SXM", "H100 PCIe" (providers
+    name variants so), "RTX 4090" is "NVIDIA GeForce RTX 4090"; "A10" is never "A100"."""
     if wanted is None:
         return True
-    return offered is not None and offered.lower() == wanted.lower()
+    if offered is None:
+        return False
+    return offered.lower() == wanted.lower() or set(gpu_tokens(wanted)) <= set(gpu_tokens(offered))
 
 
 def fits(offer: Offer, res: Resources) -> bool:
     """Whether a machine of ``offer`` can hold a run needing ``res``. An offer that does not say
-    how much memory (or how many CPUs) it has does not fit a run that asks for some."""
-    if offer.gpu_count < res.gpu_count:
-        return False
-    if res.gpu_count and not any(gpu_matches(offer.gpu_type, t) for t in res.wanted_types()):
+    how much memory (or how many CPUs) it has does not fit a run that asks for some; one without a
+    price (a catalog entry whose live price is not known this pass) cannot be ranked, so it fits
+    nothing."""
+    if offer.price_per_hour is None or not _gpus_fit(offer, res):
         return False
     if res.gpu_memory_gb is not None and res.gpu_count and (offer.gpu_memory_gb or 0) < res.gpu_memory_gb:
         return False
@@ -117,14 +125,27 @@ def fits(offer: Offer, res: Resources) -> bool:
     return True
 
 
+def _gpus_fit(offer: Offer, res: Resources) -> bool:
+    if offer.gpu_count < res.gpu_count:
+        return False
+    return not res.gpu_count or any(gpu_matches(offer.gpu_type, t) for t in res.wanted_types())
+
+
 def fitting_offers(provider: Provider, res: Resources) -> list[Offer]:
+    """The catalog's offers that fit; for a provider with live offers, whose market is not known
+    here (validation reads no API), a stand-in that fits: what it sells is decided each pass."""
+    if provider.spec.type not in CATALOG_ONLY:
+        if not provider.spec.offers:
+            return [Offer(id="live", price_per_hour=0)]
+        return [o for o in provider.spec.offers if _gpus_fit(o, res)]
     return [o for o in provider.spec.offers if fits(o, res)]
 
 
 def offer_key(provider: str, offer: Offer) -> tuple:
     """Cheapest first; ties go to fewer GPUs (less waste), then by provider and offer name, so that
     the same repository always plans the same choice."""
-    return (offer.price_per_hour, offer.gpu_count, provider, offer.id)
+    price = offer.price_per_hour if offer.price_per_hour is not None else float("inf")
+    return (price, offer.gpu_count, provider, offer.id)
 
 
 def gpu_summary(offer: Offer) -> str:
@@ -132,3 +153,114 @@ def gpu_summary(offer: Offer) -> str:
         return "no GPU"
     mem = f" {offer.gpu_memory_gb:g} GB" if offer.gpu_memory_gb else ""
     return f"{offer.gpu_count} x {offer.gpu_type or 'GPU'}{mem}"
+
+
+# ---------------------------------------------------------------------------- live offers
+# What a provider sells now (Targon /inventory, Lambda /instance-types, RunPod /v2/catalog/gpus,
+# Vast.ai /bundles/), parsed by the adapters at the trust boundary, and how the Provider's catalog
+# turns it into the offers a pass may rent.
+
+MAX_LIVE_OFFERS = 2000  # per provider and pass: a listing longer than this is cut (cheapest kept)
+
+
+@dataclass(frozen=True)
+class LiveOffer:
+    """One shape a provider rents out now. ``resource`` is what its create call takes (a Targon
+    resource_name, a Lambda instance type, a RunPod GPU type id, a Vast.ai ask id)."""
+
+    resource: str
+    gpu_type: str | None
+    gpu_count: int
+    price_per_hour: float
+    available: bool
+    spot: bool = False
+    gpu_memory_gb: float | None = None
+    cpu_count: int | None = None
+    memory_gb: float | None = None
+    region: str | None = None
+
+    @property
+    def id(self) -> str:
+        return live_offer_id(self.resource, self.region, self.spot, self.gpu_count)
+
+    def as_offer(self, over: dict | None = None) -> Offer:
+        """This offer as a catalog entry; ``over``: fields a catalog entry sets, which win."""
+        fields = dict(id=self.id, resource=self.resource, gpu_type=self.gpu_type, gpu_count=self.gpu_count,
+                      gpu_memory_gb=self.gpu_memory_gb, cpu_count=self.cpu_count, memory_gb=self.memory_gb,
+                      region=self.region, price_per_hour=self.price_per_hour, spot=self.spot)
+        fields.update(over or {})
+        if not fields["gpu_count"]:
+            fields["gpu_type"], fields["gpu_memory_gb"] = None, None
+        return Offer.model_validate(fields)
+
+
+def live_offer_id(resource: str, region: str | None, spot: bool, gpu_count: int = 0) -> str:
+    """A DNS label for a live offer, stable for the same resource, GPU count, region and kind
+    (RunPod sells one GPU type at several counts): a slug that a person recognises, and a short
+    hash of the exact text so two resources that slug alike stay apart."""
+    kind = "spot" if spot else ""
+    raw = f"{resource}|{gpu_count}|{region or ''}|{kind}"
+    slug = re.sub(r"[^a-z0-9]+", "-", f"{resource} x{gpu_count} {region or ''} {kind}".lower()).strip("-")
+    h = hashlib.sha256(raw.encode()).hexdigest()[:6]
+    slug = (slug[:50].rstrip("-") or "offer")
+    return f"{slug}-{h}" if slug[0].isalnum() else f"o-{slug}-{h}"
+
+
+def _entry_matches(entry: Offer, live: LiveOffer) -> bool:
+    """A catalog entry selects live offers: by its resource when it names one, else by GPU model
+    and count when it names a model, else by its id (older catalogs named the resource by id).
+    Its region, spot flag and any size it states must agree too."""
+    if entry.spot != live.spot or (entry.region and entry.region != live.region):
+        return False
+    if entry.resource:
+        if live.resource != entry.resource:
+            return False
+    elif entry.gpu_type:
+        if not gpu_matches(live.gpu_type, entry.gpu_type) or live.gpu_count != entry.gpu_count:
+            return False
+    elif live.resource != entry.id:
+        return False
+    for want, have in ((entry.cpu_count, live.cpu_count), (entry.memory_gb, live.memory_gb),
+                       (entry.gpu_memory_gb, live.gpu_memory_gb)):
+        if want is not None and have is not None and have < want * 0.95:
+            return False
+    return True
+
+
+def selections(provider: Provider, live: list[LiveOffer]) -> list[tuple[LiveOffer, Offer | None]]:
+    """Which live offer each catalog entry rents this pass (entry None: no catalog, the live offer
+    under its own id). Without a catalog: every available on-demand live offer (spot is opt-in,
+    through a catalog entry with ``spot: true``). With one: per entry, the cheapest available live
+    offer it matches; an entry nothing matches is not offered."""
+    ready = sorted((x for x in live if x.available), key=lambda x: (x.price_per_hour, x.resource, x.region or ""))
+    if not provider.spec.offers:
+        seen: set[str] = set()
+        out: list[tuple[LiveOffer, Offer | None]] = []
+        for x in ready:
+            if not x.spot and x.id not in seen:
+                seen.add(x.id)
+                out.append((x, None))
+        return out
+    picked = ((next((x for x in ready if _entry_matches(entry, x)), None), entry) for entry in provider.spec.offers)
+    return [(x, entry) for x, entry in picked if x is not None]
+
+
+def effective_offers(provider: Provider, live: list[LiveOffer] | None) -> list[Offer]:
+    """The offers a pass may rent from ``provider`` (see ``selections``), each under its catalog
+    entry's id and fields, the entry's price overriding the live one when it sets one. ``live``
+    None: no live listing (a catalog-only provider, or the listing failed this pass): the
+    catalog's priced entries, as written."""
+    if live is None:
+        return [o for o in provider.spec.offers if o.price_per_hour is not None]
+    out = []
+    for x, entry in selections(provider, live):
+        over = {k: getattr(entry, k) for k in entry.model_fields_set - {"resource", "region"}} if entry else {}
+        if entry is not None:
+            over["id"] = entry.id
+            if entry.price_per_hour is None:
+                over.pop("price_per_hour", None)  # the live price
+        try:
+            out.append(x.as_offer(over))
+        except ValueError:  # a combination no catalog entry could state: not offered, the rest are
+            continue
+    return out

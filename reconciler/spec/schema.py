@@ -22,7 +22,7 @@ located message of its own (``spec/checks/``, the models' validators):
 - ms-swift ``args``: the argument names of the command (``reconciler/tasks/swift_args.json``, so
   an editor completes them), and values nested at most as deep as ``_is_plain`` allows;
 - rules across the fields of one file: a docker template needs an image, a GPU type needs GPUs,
-  a machine needs a host key unless its fleet names a known_hosts, grpo needs reward functions...
+  a machine needs a host key unless its fleet names a known_hosts...
 
 What needs more than one file (does the template exist, is the name unique, does the input exist)
 stays in ``spec/checks/`` only.
@@ -45,7 +45,7 @@ from .models.common import ENV_NAME, ENV_NAME_MESSAGE
 from .models.tasks import PLAIN_DEPTH, SWIFT_MANAGED, TASK_TYPES, SwiftRlhfTask, SwiftSftTask
 
 FILE_NAMES = {"Run": "run", "ExecutionTemplate": "execution-template", "Fleet": "fleet", "Provider": "provider",
-              "Policy": "policy"}
+              "Policy": "policy", "Storage": "storage"}
 COMBINED = "reconciler.schema.json"
 SCHEMA_BASE = "https://reconciler.dev/schemas/v1/"
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -169,21 +169,6 @@ def _unset(message: str) -> dict:
     return {"pattern": "^$", "type": ["string", "null"], "errorMessage": message}
 
 
-LORA_WITH_FULL = "a LoRA setting, but tuner_type is 'full' (use tuner_type: lora, or remove it)"
-
-
-def _lora_rule() -> dict:
-    """tuner_type full: no LoRA settings, typed or in args (models.SwiftCommon._consistent)."""
-    return _if_then(
-        {"properties": {"tuner_type": {"const": "full"}}, "required": ["tuner_type"]},
-        {"properties": {
-            "lora_rank": {"type": "null", "errorMessage": LORA_WITH_FULL},
-            "lora_alpha": {"type": "null", "errorMessage": LORA_WITH_FULL},
-            "args": {"propertyNames": {"pattern": "^(?!lora_)", "patternErrorMessage": LORA_WITH_FULL}},
-        }},
-    )
-
-
 # ---------------------------------------------------------------- the rules, by definition name
 
 
@@ -256,21 +241,6 @@ def _swift(defs: dict) -> None:
             "description": "Renamed tuner_type in ms-swift 4.", "not": {}, "doNotSuggest": True,
             "deprecationMessage": "'train_type' was renamed to 'tuner_type' in ms-swift 4; use tuner_type",
         }
-        _all_of(task, _lora_rule())
-
-    rlhf = defs["SwiftRlhfTask"]
-    _all_of(
-        rlhf,
-        _if_then({"properties": {"rlhf_type": {"const": "grpo"},
-                                 "args": {"not": {"required": ["reward_model"]}}}, "required": ["rlhf_type"]},
-                 {"required": ["reward_funcs"], "properties": {"reward_funcs": {"minItems": 1}},
-                  "errorMessage": "rlhf_type grpo needs reward_funcs (e.g. [accuracy, format]) or args.reward_model"}),
-        _if_then({"properties": {"reward_funcs": {"minItems": 1}}, "required": ["reward_funcs"]},
-                 {"properties": {"rlhf_type": {"const": "grpo", "errorMessage": "reward_funcs only apply to "
-                                                                                "rlhf_type grpo"}}}),
-        _if_then({"properties": {"rlhf_type": {"const": "rm"}}, "required": ["rlhf_type"]},
-                 {"properties": {"beta": {"type": "null", "errorMessage": "beta does not apply to rlhf_type rm"}}}),
-    )
 
 
 _GPU_TYPE_NEEDS_GPUS = {"properties": {"gpu_type": {"pattern": "^$", "patternErrorMessage": "gpu_type is set but "
@@ -341,6 +311,19 @@ RULES = ((_env_maps, ()), (_task_union, ("RunSpec",)), (_swift, ("SwiftSftTask",
          (_template, ("ExecutionTemplate",)), (_metadata, ("Metadata",)), (_fleet, ("FleetSpec",)))
 
 
+def _storage(defs: dict) -> None:
+    """Options rclone treats as secret are refused by name, as the model's validator does."""
+    from .models.storage import OPTION, OPTION_MESSAGE, SECRET_OPTIONS
+
+    props = defs["StorageSpec"]["properties"]
+    for key in ("options", "credentials"):
+        props[key]["propertyNames"] = {"pattern": OPTION, "patternErrorMessage": OPTION_MESSAGE}
+    props["options"]["propertyNames"]["not"] = {"enum": sorted(SECRET_OPTIONS)}
+
+
+RULES += ((_storage, ("StorageSpec",)),)
+
+
 def _refine(defs: dict) -> None:
     for rule, needs in RULES:
         if all(name in defs for name in needs):
@@ -367,9 +350,9 @@ def _combined_schema() -> dict:
     return {
         "$schema": DRAFT,
         "$id": SCHEMA_BASE + COMBINED,
-        "title": "Run, ExecutionTemplate, Fleet, Provider or Policy",
+        "title": "Run, ExecutionTemplate, Fleet, Provider, Policy or Storage",
         "description": "Any object of the reconciler's spec language, chosen by its kind: a Run, an "
-                       "ExecutionTemplate, a Fleet, a Provider or a Policy. One schema for specs/** and "
+                       "ExecutionTemplate, a Fleet, a Provider, a Policy or a Storage. One schema for specs/** and "
                        "execution_templates/**.",
         "type": "object",
         "required": ["apiVersion", "kind"],
@@ -378,7 +361,8 @@ def _combined_schema() -> dict:
             "kind": {"enum": kinds, "description": "What this file describes: Run (a training run), "
                                                    "ExecutionTemplate (how and where runs execute), Fleet "
                                                    "(registered machines), Provider (rented machines) or "
-                                                   "Policy (priorities and quotas)."},
+                                                   "Policy (priorities and quotas) or Storage (object "
+                                                   "storage for outputs)."},
         },
         "allOf": [_if_then(_tagged("kind", kind), {"$ref": REF + kind})
                   for kind in kinds],

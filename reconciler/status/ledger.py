@@ -59,6 +59,8 @@ class Row:
     svg: bool
     price: str = ""  # per hour, for rented machines (status.cost)
     cost: str = ""  # so far
+    outputs: str = ""  # the run's outputs URI in its Storage (status.outputs.uri)
+    checkpoint: str = ""  # the newest checkpoint uploaded there
 
 
 def row(st: RunStatus) -> Row:
@@ -67,11 +69,24 @@ def row(st: RunStatus) -> Row:
     progress = progress_text(p)
     points = curve_points(st.loss_curve)
     loss = p.get("loss") if isinstance(p.get("loss"), (int, float)) else (st.loss_curve[-1][1] if st.loss_curve else None)
+    outputs, newest = outputs_of(st)
     return Row(name=st.name, phase=st.phase, since=since, generation=st.generation, attempt=st.attempt,
                progress=progress, spark=sparkline([v for _, v in points]), loss=display.number(loss) if loss is not None else "",
                machine=(st.handle.machine if st.handle and st.handle.machine else ""),
                message=st.message or "", svg=len(points) >= 2,
-               price=_money((st.cost or {}).get("price_per_hour"), "/h"), cost=_money((st.cost or {}).get("so_far")))
+               price=_money((st.cost or {}).get("price_per_hour"), "/h"), cost=_money((st.cost or {}).get("so_far")),
+               outputs=outputs, checkpoint=newest)
+
+
+def outputs_of(st: RunStatus) -> tuple[str, str]:
+    """(outputs URI, newest checkpoint's name) of a run with a Storage, else empty strings: what the
+    ledger and the live page link to (``reconcile artifacts NAME`` lists and fetches them)."""
+    rec = st.outputs
+    if not isinstance(rec, dict) or not isinstance(rec.get("uri"), str):
+        return "", ""
+    ckpts = rec.get("checkpoints")
+    newest = ckpts[0].get("name") if isinstance(ckpts, list) and ckpts and isinstance(ckpts[0], dict) else None
+    return rec["uri"], newest if isinstance(newest, str) else ""
 
 
 def _money(value, unit: str = "") -> str:
@@ -139,11 +154,13 @@ def render(rows: dict[str, Row]) -> str:
         return "\n".join(out + ["No runs yet.", ""])
     out += [" · ".join(f"**{counts[p]}** {p}" for p in phases), ""]
     money = any(r.price or r.cost for r in rows.values())  # columns only where some run rents
+    stored = any(r.outputs for r in rows.values())  # a column only where some run has a Storage
     for phase in phases:
         group = sorted((r for r in rows.values() if r.phase == phase), key=lambda r: (r.since, r.name), reverse=True)
         out += [f"## {phase} ({len(group)})", "",
                 "| run | gen/att | progress | loss | machine | " + ("price | cost | " if money else "")
-                + "since | message |", "|---|---|---|---|---|" + ("---|---|" if money else "") + "---|---|"]
+                + ("outputs | " if stored else "") + "since | message |",
+                "|---|---|---|---|---|" + ("---|---|" if money else "") + ("---|" if stored else "") + "---|---|"]
         for r in group:
             # Status files are named by run (a DNS label); a name that is not one (a hand-made
             # file) is shown as text, not made into a link.
@@ -152,6 +169,8 @@ def render(rows: dict[str, Row]) -> str:
             if r.svg and _LABEL.match(r.name):
                 loss = f"[{loss}]({r.name}.svg)"
             priced = f"| {r.price} | {r.cost} " if money else ""
+            if stored:
+                priced += f"| {_cell(r.outputs, 300)}" + (f" (newest: {_cell(r.checkpoint)}) " if r.checkpoint else " ")
             out.append(f"| {name} | {r.generation}/{r.attempt} | {_cell(r.progress)} | {loss} | {_cell(r.machine)} "
                        f"{priced}| {_cell(r.since.replace('T', ' ').replace('Z', ''), 40)} | {_cell(r.message)} |")
         out.append("")

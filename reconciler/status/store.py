@@ -23,8 +23,8 @@ from reconciler.core.yamlemit import Flow, pyyaml_dump
 from reconciler.core.yamlemit import dump as emit_yaml
 
 _ORDER = ["apiVersion", "kind", "name", "phase", "generation", "attempt", "message", "exit_code", "preemptions",
-          "retry_at", "spec", "handle", "cost", "placement", "conditions", "progress", "loss_curve", "artifacts", "provenance", "history",
-          "observed_at"]
+          "retry_at", "spec", "handle", "cost", "placement", "conditions", "progress", "loss_curve", "artifacts", "outputs", "provenance", "history",
+          "created_at", "observed_at"]
 
 
 def _yaml() -> YAML:
@@ -283,6 +283,48 @@ def write_if_changed(status_dir: Path, status: RunStatus) -> bool:
     path = status_path(status_dir, status.name)
     status_dir.mkdir(parents=True, exist_ok=True)
     return replace_if_changed(path, dump(status))
+
+
+def live_dir(state_dir: Path) -> Path:
+    """Statuses whose progress moved but whose files wait for ``status_progress_interval``: the
+    newest state for the live page, in the reconciler's working state (never committed)."""
+    return state_dir / "live-status"
+
+
+def write_live(state_dir: Path, status: RunStatus) -> None:
+    write_if_changed(live_dir(state_dir), status)
+
+
+def drop_live(state_dir: Path, name: str) -> None:
+    """The status file has caught up: its live copy is no longer newer."""
+    try:
+        status_path(live_dir(state_dir), name).unlink()
+    except (FileNotFoundError, UnsafeName):
+        pass
+
+
+def overlay_live(statuses: dict[str, RunStatus], state_dir: Path, cache: "StatusCache | None" = None) -> dict[str, RunStatus]:
+    """Replace each status by its live copy where that is newer and of the same generation,
+    attempt and phase (a live copy is progress only, never a transition the file has not seen).
+    Returns the replaced runs' statuses as their files hold them."""
+    d = live_dir(state_dir)
+    if not d.is_dir():
+        return {}
+    files: dict[str, RunStatus] = {}
+    for name, st in load_all(d, cache).items():
+        cur = statuses.get(name)
+        if (cur is not None and (cur.generation, cur.attempt, cur.phase) == (st.generation, st.attempt, st.phase)
+                and (st.observed_at or "") > (cur.observed_at or "")):
+            files[name] = cur
+            statuses[name] = st
+    return files
+
+
+def load_with_live(status_dir: Path, state_dir: Path, cache: "StatusCache | None" = None) -> dict[str, RunStatus]:
+    """The status files, each with its live copy where that is newer (the live page's view)."""
+    files = load_all(status_dir, cache)
+    overlay_live(files, state_dir)
+    return files
 
 
 def replace_if_changed(path: Path, text: str) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from reconciler.core.actions import Action
-from reconciler.core.runstatus import (HISTORY_LIMIT, TERMINAL, Condition, Handle, RunStatus, Transition, cost_so_far,
+from reconciler.core.runstatus import (DIRTY, HISTORY_LIMIT, TERMINAL, Condition, Handle, RunStatus, Transition, cost_so_far,
                                         iso, parse_iso)
 
 CURVE_POINTS = 120
@@ -38,6 +38,24 @@ def extend_curve(curve: list, progress: dict[str, Any] | None) -> list:
     return out
 
 
+def extend_curve_with(curve: list, points: list, progress: dict[str, Any] | None) -> list:
+    """The curve with every point logged since it was last extended (``points``: the machine's
+    last logged steps, oldest first; those at or before the curve's end are already on it), then
+    the progress's own. A run that restarted (its newest step at or before the curve's end) is
+    left to ``extend_curve``, which drops the points it replaces."""
+    last = curve[-1][0] if curve else None
+    newest = progress.get("step") if progress else None
+    if last is not None and isinstance(newest, int) and newest > last:
+        for step, loss in points:
+            if step > last and step < newest:
+                curve = extend_curve(curve, {"step": step, "loss": loss})
+    elif last is None:
+        for step, loss in points:
+            if not isinstance(newest, int) or step < newest:
+                curve = extend_curve(curve, {"step": step, "loss": loss})
+    return extend_curve(curve, progress)
+
+
 # ---------------------------------------------------------------- conditions and transitions
 
 
@@ -56,11 +74,25 @@ def set_condition(st: RunStatus, type_: str, status: str, reason: str, message: 
 def record(st: RunStatus, phase: str, reason: str, now: float) -> None:
     """Move to a phase; a history entry is added when phase, generation or attempt changes."""
     last = st.history[-1] if st.history else None
+    if last is None and st.created_at is None:
+        st.created_at = iso(now)
     if last is None or (last.phase, last.generation, last.attempt) != (phase, st.generation, st.attempt):
         st.history.append(Transition(time=iso(now), phase=phase, generation=st.generation, attempt=st.attempt,
                                      reason=reason[:200]))
         st.history = st.history[-HISTORY_LIMIT:]
     st.phase = phase
+
+
+# What a running training run changes on every pass without anything happening to it.
+PROGRESS_ONLY = {"observed_at", "progress", "loss_curve", "cost"}
+
+
+def progress_only(a: RunStatus | None, b: RunStatus) -> bool:
+    """Whether ``b`` differs from ``a`` in progress alone: such a change can wait for the next
+    progress write (``status_progress_interval``) without anyone missing a transition."""
+    if a is None:
+        return False
+    return a.model_dump(exclude=PROGRESS_ONLY) == b.model_dump(exclude=PROGRESS_ONLY)
 
 
 def same_ignoring_time(a: RunStatus | None, b: RunStatus) -> bool:
@@ -91,7 +123,8 @@ def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_com
     st.generation, st.attempt = change.generation, change.attempt
     if change.spec_digest:
         if new_spec:
-            st.spec.commit = spec_commit
+            dirty = spec_commit == DIRTY
+            st.spec.commit, st.spec.dirty = (None, True) if dirty else (spec_commit, None)
         st.spec.digest, st.spec.path = change.spec_digest, change.spec_path
 
     failed = outcome is not None and not outcome.ok
@@ -105,8 +138,23 @@ def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_com
         _collected(st, outcome, now)
     if obs is not None and obs.progress:
         st.progress = obs.progress
-        st.loss_curve = extend_curve(st.loss_curve, obs.progress)
+        st.loss_curve = extend_curve_with(st.loss_curve, obs.curve, obs.progress)
+    _outputs(st, outcome, obs)
     return st
+
+
+def _outputs(st: RunStatus, outcome, obs) -> None:
+    """A run with a Storage: what its machine reported uploading (engine/outputs.py checked it and
+    kept the generation's earlier checkpoints), else, at a launch, where this attempt's outputs go
+    (the generation's checkpoints recorded so far kept: they are still in the bucket)."""
+    if obs is not None and getattr(obs, "outputs", None) is not None:
+        st.outputs = obs.outputs
+        return
+    new = getattr(outcome, "outputs", None) if outcome is not None and outcome.ok else None
+    if new is None:
+        return
+    old = st.outputs if isinstance(st.outputs, dict) and st.outputs.get("uri") == new.get("uri") else {}
+    st.outputs = dict(new, checkpoints=list(old.get("checkpoints") or []))
 
 
 def _failed(st: RunStatus, change, outcome, now: float) -> None:
@@ -175,6 +223,9 @@ def _launched(st: RunStatus, change, outcome, obs, now: float) -> None:
     st.retry_at = None
     if change.action in (Action.LAUNCH, Action.RELAUNCH) and launched is not None and not launched.adopted:
         st.progress = None  # the previous attempt's progress is not this one's
+        # Nor its artifacts and provenance: a status shows what the attempt that runs is made of
+        # (the earlier one's stay in its collected bundle and manifest).
+        st.artifacts, st.provenance = [], None
     if launched is not None and launched.adopted:
         reason = f"{change.reason} (found {change.identity} already running: adopted)"
     else:
@@ -308,12 +359,16 @@ def _refresh(prev: RunStatus, change, obs, now: float) -> RunStatus:
     stall_moves = (stalled and (cur is None or cur.status != "True" or cur.message != stalled)) or (
         not stalled and cur is not None and cur.status == "True" and change.phase == "Running")
     pid_moves = prev.handle is not None and obs is not None and obs.pid and not prev.handle.pid
-    if (progress is None or progress == prev.progress) and not stall_moves and not pid_moves:
+    outputs = getattr(obs, "outputs", None) if obs is not None else None
+    outputs_move = outputs is not None and outputs != prev.outputs
+    if (progress is None or progress == prev.progress) and not stall_moves and not pid_moves and not outputs_move:
         return prev
     st = prev.model_copy(deep=True)
+    if outputs_move:
+        st.outputs = outputs
     if progress is not None:
         st.progress = progress
-        st.loss_curve = extend_curve(st.loss_curve, progress)
+        st.loss_curve = extend_curve_with(st.loss_curve, obs.curve, progress)
     if stalled:
         set_condition(st, "Stalled", "True", "NoProgress", stalled, now)
     elif stall_moves:

@@ -51,7 +51,29 @@ def test_authorize_prints_the_key_line_and_the_match_block(repo):
     assert [b.strip() for b in block] == ["Match User tun", "AllowTcpForwarding remote", "PermitOpen none",
                                           "PermitListen 127.0.0.1:30024", "GatewayPorts no", "X11Forwarding no",
                                           "AllowAgentForwarding no", "AllowStreamLocalForwarding no",
-                                          "PermitTunnel no", "PermitTTY no", "ForceCommand /bin/false"]
+                                          "PermitTunnel no", "PermitTTY no", "ForceCommand /bin/false",
+                                          "ClientAliveInterval 5", "ClientAliveCountMax 2"]
+    assert "# 1. The login the agents use (once): useradd -m -s /usr/sbin/nologin tun && usermod -p '*' tun" in lines
+
+
+def test_a_second_machine_prints_one_block_for_both(repo):
+    # sshd keeps the first value of each keyword (sshd_config(5)): a second Match block for the
+    # same login would never apply, so the block printed for any machine lists every port.
+    fleet = FLEET.replace("    - name: direct-1\n", "    - name: inhouse-2\n      connect: tunnel\n      tunnel_port: 30031\n"
+                          f"      ssh: {{host: gpu-3.lab.example, user: train, host_key: \"{PUB.split(' agent')[0]}\"}}\n"
+                          "    - name: direct-1\n")
+    assert "inhouse-2" in fleet
+    (repo / "specs" / "fleets" / "lab.yaml").write_text(fleet)
+    for name, port in (("inhouse-1", 30024), ("inhouse-2", 30031)):
+        p = reconcile("agent", "authorize", name, "--key", "agent.pub", "--vm-user", "tun", cwd=repo)
+        assert p.returncode == 0, p.stderr
+        assert sum(line.startswith("Match ") for line in p.stdout.splitlines()) == 1 and "REPLACE any earlier 'Match User tun' block" in p.stdout
+        assert "    PermitListen 127.0.0.1:30024 127.0.0.1:30031" in p.stdout.splitlines()
+        assert f'permitlisten="127.0.0.1:{port}"' in p.stdout and f"reconcile-agent@{name}" in p.stdout
+    # One VM login per machine instead: --only.
+    p = reconcile("agent", "authorize", "inhouse-2", "--key", "agent.pub", "--vm-user", "tun2", "--only",
+                  "--client-alive", "3", cwd=repo)
+    assert "    PermitListen 127.0.0.1:30031" in p.stdout.splitlines() and "ClientAliveInterval 3" in p.stdout
 
 
 @pytest.mark.parametrize("args, message", [
@@ -87,3 +109,20 @@ def test_a_tunnel_without_its_port_is_a_located_validation_error(repo):
     assert p.returncode == 1
     assert "specs/fleets/lab.yaml:6:" in p.stdout + p.stderr
     assert "connect: tunnel needs tunnel_port" in p.stdout + p.stderr
+
+
+def test_the_machine_wide_flag_comes_first_and_is_not_the_logins(tmp_path):
+    # Jobs run in the login's home, so they could remove its flag; root's flag they cannot. The
+    # real /etc/reconciler/drain would drain every test machine of this host: a path of our own.
+    from reconciler.agent import tunnel as agent
+    from reconciler.runtime import probe
+
+    home, machine_wide = tmp_path / "home", tmp_path / "etc-reconciler" / "drain"
+    agent.drain("disk swap", path=machine_wide)
+    agent.drain("mine", home=str(home))
+    assert probe.drain_state(str(home / ".reconciler" / "drain"), str(machine_wide))["reason"] == "disk swap"
+    assert agent.resume(path=machine_wide) and not machine_wide.exists()
+    assert probe.drain_state(str(home / ".reconciler" / "drain"), str(machine_wide))["reason"] == "mine"
+    assert agent.drain_path(machine_wide=True) == Path("/etc/reconciler/drain")
+    p = reconcile("agent", "drain", "--machine-wide", "--home", str(home), cwd=tmp_path)
+    assert p.returncode == 2 and "--machine-wide and --home" in p.stderr

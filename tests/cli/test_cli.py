@@ -263,7 +263,7 @@ def complete(line: str, cwd: Path = REPO) -> list[str]:
 
 def test_completion_protocol_gives_commands_options_and_run_names(world) -> None:
     repo, _ = world
-    assert complete("reconcile st") == ["status"]
+    assert complete("reconcile st") == ["status", "stop", "start"]
     assert set(complete("reconcile ")) >= set(cli.SUBCOMMANDS)
     assert complete("reconcile p") == ["plan", "provenance"]
     assert set(complete("reconcile status --")) >= {"--repo", "--config", "--json"}
@@ -285,8 +285,8 @@ def test_bash_completion_script_completes_for_real(tmp_path: Path) -> None:
     script.write_text(r'''
 eval "$(reconcile completion bash)"
 complete -p reconcile
-COMP_LINE="reconcile sta"; COMP_POINT=${#COMP_LINE}; COMP_WORDS=(reconcile sta); COMP_CWORD=1
-_python_argcomplete reconcile sta reconcile 2>/dev/null
+COMP_LINE="reconcile stat"; COMP_POINT=${#COMP_LINE}; COMP_WORDS=(reconcile stat); COMP_CWORD=1
+_python_argcomplete reconcile stat reconcile 2>/dev/null
 printf 'reply:%s\n' "${COMPREPLY[@]}"
 ''')
     env = {**os.environ, "PATH": f"{exe.parent}{os.pathsep}{os.environ.get('PATH', '')}"}

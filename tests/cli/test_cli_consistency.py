@@ -62,7 +62,8 @@ def test_validate_json_with_another_format_is_a_usage_error(specs: Path, args: l
 
 
 NAMED = [["status", "{}"], ["status", "{}", "--json"], ["logs", "{}"], ["logs", "{}", "--json"],
-         ["provenance", "{}"], ["provenance", "hello", "--diff", "{}"], ["explain", "{}"], ["explain", "{}", "--json"]]
+         ["provenance", "{}"], ["provenance", "hello", "--diff", "{}"], ["explain", "{}"], ["explain", "{}", "--json"],
+         ["artifacts", "{}"], ["reproduce", "{}"], ["stop", "{}"], ["start", "{}"], ["restart", "{}"], ["ssh", "{}"]]
 
 
 @pytest.mark.parametrize("args", NAMED, ids=lambda a: " ".join(a))
@@ -116,3 +117,19 @@ def test_plan_detailed_exitcode_does_what_the_docs_say(world, tmp_path: Path) ->
     text = (REPO / "docs" / "cli.md").read_text()
     assert "There is no `-detailed-exitcode`" not in text
     assert text.count("`--detailed-exitcode` (with or without `--offline`)") == 1
+
+
+def test_status_name_is_a_row_and_o_chooses_yaml_or_json(world):
+    repo, env = world
+    r = run("status", "hello", "--repo", str(repo), env=env)
+    assert r.returncode == 0, r.stderr
+    header, row = r.stdout.splitlines()
+    assert header.split() == ["NAME", "PHASE", "GEN/ATT", "MACHINE", "AGE", "SINCE", "MESSAGE"]
+    assert row.split()[:4] == ["hello", "Succeeded", "1/1", "local"]
+    y = run("status", "hello", "-o", "yaml", "--repo", str(repo), env=env)
+    assert "kind: RunStatus" in y.stdout and "created_at: " in y.stdout
+    j = run("status", "hello", "-o", "json", "--repo", str(repo), env=env)
+    assert json.loads(j.stdout)["name"] == "hello"
+    assert json.loads(j.stdout) == json.loads(run("status", "hello", "--json", "--repo", str(repo), env=env).stdout)
+    clash = run("status", "hello", "-o", "yaml", "--json", "--repo", str(repo), env=env)
+    assert clash.returncode == 2 and "disagree" in clash.stderr

@@ -186,6 +186,7 @@ class World:
         env.update(RECONCILER_WORKSPACE_ROOT=str(self.ws), RECONCILER_NAMESPACE="fixed",
                    RECONCILER_POLL_INTERVAL="0.5", RECONCILER_RESYNC_INTERVAL="2", RECONCILER_DEBOUNCE="0.05",
                    RECONCILER_LOG_FORMAT="json", RECONCILER_TERMINATE_GRACE="2", RECONCILER_LOCAL_GPUS="0",
+                   RECONCILER_ALLOW_DIRTY="true",  # tests edit the daemon's checkout to wake it
                    PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
         env.update(extra)
         return env
@@ -242,10 +243,12 @@ class World:
                         pass
 
 
-def process_groups_with(identity: str) -> set[int]:
-    """Process groups of live processes whose command line or environment names ``identity``."""
+def process_groups_with(identity: str, within: Path | None = None) -> set[int]:
+    """Process groups of live processes whose command line or environment names ``identity``
+    (and, with ``within``, that folder too: another test's run of the same name is not this one's)."""
     groups = set()
     needle = identity.encode()
+    where = str(within).encode() if within is not None else b""
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
@@ -257,7 +260,8 @@ def process_groups_with(identity: str) -> set[int]:
                 continue
             for part in ("cmdline", "environ"):
                 with open(f"/proc/{entry}/{part}", "rb") as fh:
-                    if needle in fh.read():
+                    data = fh.read()
+                    if needle in data and where in data:
                         groups.add(int(rest[2]))
                         break
         except OSError:

@@ -25,7 +25,7 @@ def test_pushed_spec_is_launched_and_its_status_reaches_the_remote(world):
     assert st["phase"] == "Running"
     assert st["handle"]["identity"] == "hello-g1-a1"
     pid = world.pid_of("hello-g1-a1")
-    assert pid and process_groups_with("hello-g1-a1") == {pid}
+    assert pid and process_groups_with("hello-g1-a1", world.ws) == {pid}
     assert world.merges() == []
     head = world.remote_log()[0]
     assert head.split(" ", 1)[1].startswith("status: 1 transition(s)")
@@ -76,8 +76,8 @@ def test_kill_after_apply_then_fresh_clone_adopts_without_relaunch(world):
     assert st["handle"]["identity"] == "sturdy-g1-a1"
     assert any("adopt" in h["reason"] for h in st["history"]), st["history"]
     assert world.workspaces() == ["sturdy-g1-a1"], "launched twice"
-    assert process_groups_with("sturdy-g1-a1") == {pid}
-    assert not process_groups_with("sturdy-g1-a2")
+    assert process_groups_with("sturdy-g1-a1", world.ws) == {pid}
+    assert not process_groups_with("sturdy-g1-a2", world.ws)
 
 
 def test_crash_after_commit_before_push_is_derived_again(world):

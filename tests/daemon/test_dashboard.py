@@ -159,4 +159,53 @@ def test_read_only_and_unknown_pages(site):
     assert resp.headers["Content-Type"].startswith("text/plain")
     assert resp.read().decode() == "(no log yet)"  # ended on lab-1, not collected yet
     page = urllib.request.urlopen(site + "/machines", timeout=10).read().decode()
-    assert "lab-1" in page and "<script>" not in page
+    assert "lab-1" in page and "<script>window.__xss" not in page
+
+
+AUDIT = "".join(
+    '{"ts": %d, "event": "sample", "devices": [{"index": 0, "util_gpu_pct": %d, "mem_used_mib": %d, '
+    '"mem_total_mib": 81559}, {"index": 1, "util_gpu_pct": %d, "mem_used_mib": 40000, "mem_total_mib": 81559}]}\n'
+    % (1764000000 + i, 50 + (i * 7) % 50, 20000 + 300 * i, 90 - (i % 10)) for i in range(120)) + "not json\n"
+
+
+def test_the_page_follows_phase_and_loss_without_a_reload_and_draws_the_gpus(site, browser, tmp_path):
+    """A recorded NVML audit (two GPUs, two minutes) is drawn as two charts; a new loss point and a
+    phase change written to the status file appear on the open page by themselves."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    (site.ws / "artifacts" / "nvml-audit.jsonl").write_text(AUDIT)
+    status_dir = Path(site.ws).parents[1] / "repo" / "status"
+    browser.get(site + "/runs/sft-llama")
+    charts = browser.find_elements(By.CSS_SELECTOR, "#gpu svg")
+    assert len(charts) == 2 and len(browser.find_elements(By.CSS_SELECTOR, "#gpu svg polyline")) == 4
+    before = browser.find_element(By.CSS_SELECTOR, "#curve svg polyline").get_attribute("points")
+    screenshot(browser, tmp_path, "dashboard-gpus.png")
+    st = RunStatus(name="sft-llama", phase="Succeeded", generation=1, attempt=2, message="done",
+                   handle=Handle(machine="local", identity="sft-llama-g1-a2", workspace=str(site.ws)),
+                   loss_curve=[(i * 10, round(3.2 / (1 + i * 0.1), 4)) for i in range(1, 41)] + [(420, 0.1)])
+    write(status_dir, st)
+    # The page swaps its live parts under the test: an element found may be replaced before it is read.
+    live = WebDriverWait(browser, 15, ignored_exceptions=[StaleElementReferenceException])
+    live.until(lambda d: "Succeeded" in d.find_element(By.ID, "facts").text)
+    live.until(lambda d: d.find_element(By.CSS_SELECTOR, "#curve svg polyline").get_attribute("points") != before)
+    assert browser.execute_script("return window.__xss") is None
+
+
+def test_the_runs_list_shows_cost_and_follows_a_new_run(site, browser):
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    status_dir = Path(site.ws).parents[1] / "repo" / "status"
+    browser.get(site + "/")
+    assert "cost" in browser.find_element(By.CSS_SELECTOR, "#runs tr").text
+    write(status_dir, RunStatus(name="rented", phase="Running", generation=1, attempt=1,
+                                handle=Handle(machine="local/r-1", identity="rented-g1-a1"),
+                                cost={"provider": "local", "price_per_hour": 3.6, "so_far": 1.25}))
+    live = WebDriverWait(browser, 15, ignored_exceptions=[StaleElementReferenceException])
+    live.until(lambda d: "rented" in d.find_element(By.ID, "runs").text)
+    live.until(lambda d: any(r.text.startswith("rented") and "1.25" in r.text
+                             for r in d.find_elements(By.CSS_SELECTOR, "#runs tr")))
+    live.until(lambda d: "Runs (4 of 4)" in d.find_element(By.TAG_NAME, "h1").text)

@@ -13,7 +13,7 @@ def test_the_daemon_serves_the_live_page_read_only(world):
     page = f"http://127.0.0.1:{port}"
     body = wait_for(lambda: (lambda r: r[1] if r[0] == 200 and b">shown<" in r[1] else None)(http("GET", page + "/")),
                     timeout=30, what="the run on the live page")
-    assert b"<table id=runs>" in body
+    assert b"<table id=runs data-live>" in body
     assert http("GET", page + "/runs/shown")[0] == 200
     assert http("POST", page + "/runs/shown", b"x")[0] == 405
     assert d.logged("dashboard listening")

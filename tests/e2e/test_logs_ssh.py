@@ -47,3 +47,20 @@ def test_logs_follow_on_ssh_then_collected(tmp_path, sshd):
         out, err = p.communicate(timeout=30)
         assert p.returncode == 0, err
         assert out == "line 3\ntail\noops\n"
+
+
+def test_ssh_command_runs_in_the_workspace_on_the_machine(tmp_path, sshd):
+    """``reconcile ssh NAME -- COMMAND`` logs in as the reconciler does (its key, the pinned host key)
+    and runs COMMAND in the run's workspace on the machine."""
+    with World(tmp_path, [fleet([machine(sshd)])]) as w:
+        w.add_run(run_spec("shelled", "ssh-host", ["sh", "-c", "while [ ! -e go ]; do sleep 0.05; done"]))
+        st = w.until("shelled", lambda s: s.phase == "Running")
+        env = dict(os.environ, RECONCILER_WORKSPACE_ROOT=str(w.local_root), RECONCILER_NAMESPACE="test")
+        r = subprocess.run([sys.executable, "-m", "reconciler", "ssh", "shelled", "--repo", str(w.repo), "--",
+                            "sh", "-c", "pwd; id -un; touch go"], env=env, capture_output=True, text=True,
+                           cwd=Path(__file__).parents[2], timeout=60, stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, r.stderr
+        where, login = r.stdout.split()[:2]
+        assert where == st.handle.workspace
+        assert login == sshd.user
+        w.until("shelled", lambda s: s.phase == "Succeeded")  # the command ran there: the job saw `go`

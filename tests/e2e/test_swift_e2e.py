@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.swift, pytest.mark.e2e]
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parent / "data" / "swift"
-MAKE_MODEL = HERE / "swift_assets" / "make_tiny_model.py"
+MAKE_MODEL = HERE.parents[1] / "scripts" / "make_tiny_model.py"
 SWIFT_PYTHON = os.environ.get("RECONCILER_SWIFT_PYTHON", "/opt/swift-venv/bin/python")
 INSTALL_HINT = "set RECONCILER_SWIFT_PYTHON or run .ci/install-swift.sh /opt/swift-venv"
 

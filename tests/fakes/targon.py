@@ -48,6 +48,9 @@ class FakeTargon(FakeCloud):
         self.keys: dict[str, dict] = {}
         self.deleted: dict[str, dict] = {}
         self.refuse_deploys = 0  # the next deploys fail (no credits): the workload stays registered
+        # GET /inventory: a JSON list of {name, spec{gpu_type, gpu_count, vcpu, memory (MB)}, cost_per_hour,
+        # available (how many are free)} (T1 client/inventory.py); None: not served (404), as before
+        self.inventory: list[dict] | None = None
         self._seq = itertools.count(1)
 
     def _page(self, items: list, query: dict) -> dict:
@@ -144,6 +147,9 @@ class FakeTargon(FakeCloud):
                 return 404, {"error": "workload not found", "reason": "NOT_FOUND"}
             self.evaporate(parts[1])
             return 200, {"uid": parts[1], "deleted": True}
+        if parts == ["inventory"] and method == "GET" and self.inventory is not None:
+            return 200, [i for i in self.inventory if query.get("gpu") != "true" or not isinstance(i, dict)
+                         or i["spec"].get("gpu_count")]
         return 404, {"error": "not found", "reason": "NOT_FOUND"}
 
     def evaporate(self, machine_id: str) -> None:

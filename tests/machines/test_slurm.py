@@ -7,6 +7,8 @@ This machine is the cluster's login host (``login: local``); the workspaces live
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -19,18 +21,19 @@ from tests.world import TEMPLATES, World, run_spec
 def slurm_world(slurm, tmp_path):
     worlds = []
 
-    def make(**slurm_settings) -> World:
+    def make(namespace: str = "test", **slurm_settings) -> World:
         settings = {"login": "local", "workspace_root": str(slurm.shared / f"w{len(worlds)}"),
                     "partition": "debug", "env": dict(slurm.env), **slurm_settings}
         TEMPLATES["slurm-host"] = {"placement": {"kind": "slurm", "slurm": settings},
                                    "launch_mode": {"kind": "host_process"},
                                    "allow_overrides": ["resources", "runtime_env"]}
         try:
-            w = World(tmp_path / f"w{len(worlds)}")
+            w = World(tmp_path / f"w{len(worlds)}", namespace=namespace)
         finally:
             del TEMPLATES["slurm-host"]
         w.cluster = slurm
-        w.shared = Path(settings["workspace_root"]) / "test"
+        w.namespace = namespace
+        w.shared = Path(settings["workspace_root"]) / namespace
         worlds.append(w)
         return w
 
@@ -41,7 +44,8 @@ def slurm_world(slurm, tmp_path):
 
 
 def jobs_of(w: World, identity: str) -> list[dict]:
-    return w.cluster.jobs(name=identity)
+    """The jobs of one identity of this world's repository (its namespace)."""
+    return w.cluster.jobs(name=identity, namespace=w.namespace)
 
 
 def test_a_run_is_submitted_runs_on_a_node_and_is_collected(slurm_world) -> None:
@@ -145,9 +149,10 @@ def test_a_request_the_cluster_can_never_hold_fails_with_slurms_reason(slurm_wor
 
 
 
-def test_a_login_host_reached_over_ssh_submits_as_its_user(slurm, sshd, tmp_path) -> None:
+def test_a_login_host_reached_over_ssh_submits_as_its_user(slurm, sshd, tmp_path, monkeypatch) -> None:
     """The cluster's login node is a Fleet machine: staging, sbatch, squeue and collection go over
-    SSH, and the job runs as the login's user."""
+    SSH, and the job runs as the login's user; its secret waits on the login host until it starts."""
+    monkeypatch.setenv("FAR_TOKEN", "far-" + os.urandom(8).hex())
     from tests.world import fleet, machine
 
     login = machine(sshd, "login", max_tasks=0)
@@ -160,12 +165,96 @@ def test_a_login_host_reached_over_ssh_submits_as_its_user(slurm, sshd, tmp_path
     finally:
         del TEMPLATES["slurm-ssh"]
     try:
-        w.add_run(run_spec("far", "slurm-ssh", ["sh", "-c", "echo user=$(id -un) job=$SLURM_JOB_ID"]))
+        w.add_run(run_spec("far", "slurm-ssh", ["sh", "-c", "echo user=$(id -un) job=$SLURM_JOB_ID token=$FAR_TOKEN"],
+                           secrets=["FAR_TOKEN"]))
         assert w.run_pass().plan.for_run("far").machine == "slurm:login"
         st = w.until("far", lambda s: s.phase == "Succeeded", timeout=30)
         out = (w.bundle("far-g1-a1") / "artifacts" / "stdout.log").read_text()
-        assert f"user={sshd.user} job={st.handle.job}" in out
+        assert f"user={sshd.user} job={st.handle.job} token={os.environ['FAR_TOKEN']}" in out
         [job] = slurm.jobs(name="far-g1-a1")
-        assert job["state"] == "COMPLETED"
+        assert job["state"] == "COMPLETED" and job["user"] == sshd.user
     finally:
         w.cleanup()
+
+
+def test_a_job_is_named_by_namespace_and_identity_and_gets_the_runs_own_limits(slurm_world) -> None:
+    w = slurm_world(time_limit="30", account="ml-default")
+    w.add_run(run_spec("own", "slurm-host", ["sleep", "300"],
+                       slurm={"time_limit": "7", "account": "ml-team", "qos": "high",
+                              "signal": {"name": "USR1", "before_s": 120}}))
+    w.add_run(run_spec("plain", "slurm-host", ["sleep", "300"]))
+    w.until("own", lambda s: s.phase == "Running", timeout=30)
+    w.until("plain", lambda s: s.phase == "Running", timeout=30)
+    [own] = jobs_of(w, "own-g1-a1")
+    [plain] = jobs_of(w, "plain-g1-a1")
+    assert own["name"] == "rcl-test-own-g1-a1" and own["user"] == "root"
+    fields = w.cluster.job_fields(own["id"])
+    assert (fields["TimeLimit"], fields["Account"], fields["Requeue"]) == ("00:07:00", "ml-team", "0")
+    # Without accounting Slurm keeps no QOS (QOS=(null)); the workspace records what sbatch was told.
+    asked = json.loads((w.shared / "own-g1-a1" / "runtime" / "slurm.json").read_text())["sbatch"]
+    assert "--qos=high" in asked and "--signal=B:USR1@120" in asked and "--time=7" in asked
+    # The template's values where the run sets none.
+    fields = w.cluster.job_fields(plain["id"])
+    assert (fields["TimeLimit"], fields["Account"]) == ("00:30:00", "ml-default")
+
+
+def test_a_run_level_slurm_block_is_validated(slurm_world) -> None:
+    w = slurm_world()
+    w.add_run(run_spec("badtime", "slurm-host", ["true"], slurm={"time_limit": "1:2:3:4"}))
+    st = w.until("badtime", lambda s: s.phase == "Invalid", timeout=10)
+    assert "time_limit" in st.message and "man sbatch" in st.message
+    assert st.message.startswith("specs/runs/badtime.yaml:")
+    assert not jobs_of(w, "badtime-g1-a1")
+    w.add_run(run_spec("elsewhere", "ssh-host", ["true"], slurm={"time_limit": "5"}))
+    st = w.until("elsewhere", lambda s: s.phase == "Invalid", timeout=10)
+    assert "spec.slurm only applies to slurm placement" in st.message
+
+
+def test_the_rank_that_failed_and_its_exit_code_are_in_the_status(slurm_world) -> None:
+    w = slurm_world()
+    w.add_run(run_spec("ranks", "slurm-host", ["sh", "-c", 'if [ "$NODE_RANK" = 1 ]; then exit 3; fi; sleep 60'],
+                       overrides={"resources": {"nodes": 2}}))
+    st = w.until("ranks", lambda s: s.phase == "Failed", timeout=40)
+    assert st.exit_code == 3
+    assert "rank 1 exited 3" in st.message, st.message
+    ready = st.condition("Ready")
+    assert ready.status == "False" and "rank 1 exited 3" in ready.message
+
+
+def test_slurms_end_crosses_the_trust_boundary_bounded_or_not_at_all() -> None:
+    from reconciler.core.boundary import parse_run
+
+    ok = parse_run("t-g1-a1", {"state": "failed", "exit_code": 3, "slurm_job": "12",
+                               "slurm_end": {"state": "FAILED", "rank": 1, "rank_exit": 3, "extra": "ignored"}})
+    assert ok.state == "failed" and ok.slurm_end == {"state": "FAILED", "rank": 1, "rank_exit": 3}
+    for bad in ({"state": "EXPLODED"}, {"state": "CANCELLED", "by": "root; rm -rf /"},
+                {"state": "FAILED", "rank": -1}, {"state": "FAILED", "rank_exit": 4096},
+                {"state": "CANCELLED", "by": "x" * 40}, {"state": ["CANCELLED"]}, "CANCELLED"):
+        r = parse_run("t-g1-a1", {"state": "terminated", "slurm_end": bad})
+        assert r.state == "unknown" and r.slurm_end is None, bad
+
+
+def test_which_slurm_ends_are_retried() -> None:
+    from types import SimpleNamespace
+
+    from reconciler.core.observed import ObservedRun
+    from reconciler.planner.slurm_ends import slurm_verdict
+
+    run = SimpleNamespace(spec=SimpleNamespace(task=SimpleNamespace(type="command")))
+
+    def verdict(end, checkpoints=()):
+        obs = ObservedRun("t-g1-a1", "slurm:local", "failed", exit_code=143, job="7", slurm_end=end,
+                          checkpoints=list(checkpoints))
+        return slurm_verdict(run, obs, "t-g1-a1")
+
+    why, no_retry, code = verdict({"state": "CANCELLED", "by": "alice"})
+    assert "cancelled by alice" in why and no_retry and code == "CancelledInSlurm"
+    assert verdict({"state": "CANCELLED", "ours": True}) is None  # the reconciler's own stop
+    assert verdict({"state": "COMPLETED"}) is None
+    assert verdict({"state": "TIMEOUT"})[1] is not None  # nothing to resume from: not retried
+    assert verdict({"state": "TIMEOUT"}, ["artifacts/output/checkpoint-5"])[1] is None
+    for state, code in (("NODE_FAIL", "NodeFail"), ("PREEMPTED", "PreemptedInSlurm"), ("OUT_OF_MEMORY", "OutOfMemory")):
+        why, no_retry, got = verdict({"state": state})
+        assert no_retry is None and got == code and state in why
+    why, _, _ = verdict({"state": "FAILED", "rank": 1, "rank_exit": 3})
+    assert "rank 1 exited 3" in why

@@ -70,6 +70,7 @@ def build(case: dict) -> tuple[DesiredState, ObservedWorld, dict[str, RunStatus]
                 r["spec_digest"] = entry.digest if entry else "sha256:other"
             m.runs[ident] = ObservedRun(identity=ident, machine=mname, workspace=f"/ws/{ident}", **r)
         world.machines[mname] = m
+    world.provider_errors.update(case.get("provider_errors") or {})
     previous = {}
     for name, st in (case.get("previous") or {}).items():
         st = json.loads(json.dumps(st))

@@ -12,7 +12,7 @@ import tracemalloc
 
 import pytest
 
-from reconciler.core import boundary
+from reconciler.core import boundary, replies
 from reconciler.core.boundary import BadReply, RunReport, loads, may_report, parse_probe
 from reconciler.core.identity import split
 from reconciler.core.observed import ObservedMachine, ObservedRun, ObservedWorld
@@ -272,7 +272,7 @@ def test_the_decoding_budget_lets_replies_wait_their_turn():
 
     from tests.repo_helpers import wait_for
 
-    budget = boundary.ReplyBudget(100)
+    budget = replies.ReplyBudget(100)
     reply = json.dumps({"runs": {}, "pad": "x" * 22}).encode()  # 45 bytes: two fit, three do not
     assert 2 * len(reply) <= 100 < 3 * len(reply)
     go = [threading.Event() for _ in range(5)]
@@ -342,7 +342,7 @@ def test_absolute_path():
 
 
 def test_a_scope_within_a_scope_leaves_nothing_held():
-    budget = boundary.ReplyBudget(1000)
+    budget = replies.ReplyBudget(1000)
     reply = json.dumps("x" * 98).encode()
     with budget.scope():
         budget.decode(reply)

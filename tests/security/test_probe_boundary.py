@@ -349,7 +349,7 @@ def test_parallel_large_replies_stay_within_the_decoding_budget(sshd_factory, ro
     fails its machine only."""
     import tracemalloc
 
-    from reconciler.core import boundary
+    from reconciler.core import replies
     from reconciler.engine import observe
 
     server = sshd_factory("127.0.0.31", user="rcprobek")
@@ -359,7 +359,7 @@ def test_parallel_large_replies_stay_within_the_decoding_budget(sshd_factory, ro
     one = transports[names[0]]
     size = len(json.dumps(one.agent({"op": "probe", "names": []})).encode())
     assert 5 << 20 < size < 8 << 20, size
-    budget = boundary.REPLY_BUDGET
+    budget = replies.REPLY_BUDGET
     saved = budget.total
     try:
         budget.resize(2 * size + (1 << 20))

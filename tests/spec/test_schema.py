@@ -173,11 +173,7 @@ def _mutations() -> list[tuple[str, str, callable]]:
         ("Run", "managed key in swift args", at(("spec", "task"), _sft(args={"output_dir": "x"}))),
         ("Run", "swift args nested 5 deep", at(("spec", "task"), _sft(args={"a": {"b": {"c": {"d": {"e": 1}}}}}))),
         ("Run", "train_type", at(("spec", "task"), _sft(train_type="lora"))),
-        ("Run", "lora_rank, tuner_type full", at(("spec", "task"), _sft(tuner_type="full", lora_rank=8))),
-        ("Run", "lora_ args, tuner_type full", at(("spec", "task"), _sft(tuner_type="full", args={"lora_dropout": 0.1}))),
-        ("Run", "grpo without reward", at(("spec", "task"), _rlhf("grpo"))),
-        ("Run", "reward_funcs for dpo", at(("spec", "task"), _rlhf("dpo", reward_funcs=["accuracy"]))),
-        ("Run", "beta for rm", at(("spec", "task"), _rlhf("rm", beta=0.1))),
+        ("Run", "rlhf_type not ms-swift's", at(("spec", "task"), _rlhf("dpoo"))),
         ("Run", "fork manifest outside inputs/", at(("spec", "task"), _sft(requires={"swift_fork": "forks/F.json"}))),
         ("Run", "fork manifest with ..", at(("spec", "task"), _sft(requires={"swift_fork": "inputs/../F.json"}))),
     ]

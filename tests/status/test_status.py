@@ -55,9 +55,19 @@ def test_relaunch_forgets_the_previous_attempts_progress_and_records_one_transit
     change = Change("r", "relaunch", "Relaunch", "r-g1-a1 failed (exit 3); retry 1/2", "Running", 1, 2,
                     identity="r-g1-a2", machine="local", spec_digest="sha256:d")
     out = Outcome("r", "relaunch", launched=LaunchResult("r-g1-a2", "/ws/r-g1-a2", pid=99))
+    prev.artifacts = [{"path": "artifacts/stdout.log", "size": 3}]
+    prev.provenance = {"manifest": "artifacts/manifest.json", "reproducibility_digest": "sha256:g1"}
     new = summarize(prev, change, out, None, 2000.0, "abc")
     assert new.progress is None and new.attempt == 2 and new.handle.identity == "r-g1-a2" and new.handle.pid == 99
     assert [h.attempt for h in new.history] == [1, 2]
+    assert new.artifacts == [] and new.provenance is None  # the running attempt's, not the last one's
+
+
+def test_a_new_run_records_when_it_was_created_once():
+    s = running()
+    assert s.created_at == iso(1000.0)
+    record(s, "Succeeded", "done", 5000.0)
+    assert s.created_at == iso(1000.0)
 
 
 def test_condition_transition_time_moves_only_when_its_status_flips():
@@ -75,3 +85,18 @@ def test_permanent_failure_fails_the_run_with_the_reason():
     new = summarize(prev, change, out, None, 2000.0, None)
     assert new.phase == "Failed" and "image 'x' not found" in new.message
     assert new.condition("Ready").reason == "LaunchFailed"
+
+
+def test_the_curve_gets_every_step_logged_since_the_last_pass():
+    from reconciler.core.boundary import clean_curve
+    from reconciler.status.summarize import extend_curve_with
+
+    curve = [(5, 2.0)]
+    points = clean_curve([[3, 2.1], [5, 2.0], [6, 1.9], [7, 1.8], [8, 1.7], ["9", 1.0], [9, float("nan")], [4, 9.9]])
+    assert points == [(3, 2.1), (5, 2.0), (6, 1.9), (7, 1.8), (8, 1.7)]  # bad and falling steps dropped
+    out = extend_curve_with(curve, points, {"step": 8, "loss": 1.7})
+    assert out == [(5, 2.0), (6, 1.9), (7, 1.8), (8, 1.7)]
+    assert extend_curve_with([], points, {"step": 8, "loss": 1.7})[0] == (3, 2.1)
+    restarted = extend_curve_with(out, [(1, 3.0), (2, 2.9)], {"step": 2, "loss": 2.9})
+    assert restarted == [(2, 2.9)]  # a restart from scratch drops what it replaces
+    assert clean_curve("nonsense") == [] and len(clean_curve([[i, 1.0] for i in range(1000)])) == 64

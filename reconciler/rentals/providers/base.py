@@ -69,6 +69,10 @@ class Adapter(Protocol):
 
     def offers(self) -> list[Offer]: ...
 
+    # Adapters of providers with a market also have ``live_offers() -> list[LiveOffer]``: what the
+    # provider sells now, parsed here at the trust boundary (``live_offer`` below). Local and
+    # command providers have none: their catalog is all there is.
+
     def provision(self, name: str, offer: Offer) -> Rental: ...
 
     def inventory(self) -> list[Rental]: ...
@@ -76,7 +80,8 @@ class Adapter(Protocol):
     def terminate(self, rental_id: str) -> None: ...
 
 
-ADAPTERS = {"local": "local", "targon": "targon", "lambda": "lambdacloud", "command": "command"}
+ADAPTERS = {"local": "local", "targon": "targon", "lambda": "lambdacloud", "runpod": "runpod", "vastai": "vastai",
+            "command": "command"}
 
 
 def adapter_for(provider: Provider, ctx: AdapterContext) -> Adapter:
@@ -180,9 +185,92 @@ def parse_time(value) -> float | None:
     return t.timestamp() if t.year >= 2000 else None
 
 
+def number(value, low: float, high: float) -> float | None:
+    """A number from a provider's reply when it is one and within [low, high]; else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    v = float(value)
+    return v if low <= v <= high and v == v else None
+
+
+_TEXT = re.compile(r"^[\x20-\x7e]{1,128}$")
+
+
+def text(value, limit: int = 128) -> str | None:
+    """A short printable ASCII string from a provider's reply; None for anything else (a control
+    character, a terminal escape, a novel)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or len(value) > limit or not _TEXT.match(value):
+        return None
+    return value
+
+
+def live_offer(provider: str, resource, gpu_type, gpu_count, price, available: bool, spot: bool = False,
+               gpu_memory_gb=None, cpu_count=None, memory_gb=None, region=None):
+    """A LiveOffer from the raw values of a reply, each checked: a resource name and a price are
+    needed, counts and sizes must be in range (the same bounds as a catalog entry), texts short and
+    printable. A value out of range is dropped (None), a missing name or price drops the offer
+    (None, logged), so one strange entry never stops a listing."""
+    from reconciler.spec.offers import LiveOffer
+
+    res, cost, gpus = text(resource), number(price, 0, 100000), number(gpu_count, 0, 64)
+    if res is None or cost is None or gpus is None or gpus != int(gpus):
+        log.info("provider %s: a live offer is ignored (resource, price or GPU count missing or out of range)",
+                 provider)
+        return None
+    cpus = number(cpu_count, 1, 4096)
+    return LiveOffer(resource=res, gpu_type=text(gpu_type, 64) if gpus else None, gpu_count=int(gpus),
+                     price_per_hour=round(cost, 6), available=bool(available), spot=bool(spot),
+                     gpu_memory_gb=number(gpu_memory_gb, 0.001, 1024), cpu_count=int(cpus) if cpus else None,
+                     memory_gb=number(memory_gb, 0.001, 65536), region=text(region, 64))
+
+
+def capped(offers: list) -> list:
+    """At most MAX_LIVE_OFFERS, the cheapest: a provider answering with millions cannot flood a pass."""
+    from reconciler.spec.offers import MAX_LIVE_OFFERS
+
+    offers = [o for o in offers if o is not None]
+    if len(offers) > MAX_LIVE_OFFERS:
+        offers = sorted(offers, key=lambda o: o.price_per_hour)[:MAX_LIVE_OFFERS]
+    return offers
+
+
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*$")
+
+
+def ssh_endpoint(host, port) -> tuple[str, int] | None:
+    """(host, port) from a provider's reply when the host is an IP address or a DNS name and the
+    port a TCP port; None otherwise: it goes into an ssh command line and known_hosts, so nothing
+    else (an option such as ``-oProxyCommand=``, a space, a newline) may pass."""
+    import ipaddress
+
+    if isinstance(port, str) and port.isdigit() and len(port) <= 5:
+        port = int(port)
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535 or not isinstance(host, str):
+        return None
+    try:
+        return str(ipaddress.ip_address(host)), port
+    except ValueError:
+        pass
+    return (host.lower(), port) if _HOSTNAME.match(host) and not host.replace(".", "").isdigit() else None
+
+
+def offer_of(provider: Provider, resource, region=None) -> Offer | None:
+    """This pass's offer (the catalog merged with the live offers) a rental of ``resource`` in
+    ``region`` was rented from, so the planner knows its GPUs, fit and price."""
+    for o in provider.spec.offers:
+        if resource and offer_resource(o) == resource and (o.region is None or region is None or o.region == region):
+            return o
+    return None
+
+
 def offer_resource(offer: Offer) -> str:
     return offer.resource or offer.id
 
 
 __all__ = ["Adapter", "AdapterContext", "OfferUnavailable", "RENTAL_ID", "Rental", "RentalState", "adapter_for",
-           "bad_rental_id", "credential", "drop", "parse_time", "public_key", "offer_resource", "rental_id", "valid_rentals"]
+           "bad_rental_id", "capped", "credential", "drop", "live_offer", "number", "parse_time", "public_key",
+           "ssh_endpoint",
+           "offer_of", "offer_resource", "rental_id", "text", "valid_rentals"]

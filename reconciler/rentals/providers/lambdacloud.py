@@ -4,7 +4,9 @@ The calls (``https://cloud.lambda.ai/api/v1``, the production server of the Lamb
 1.10.0, which calls cloud.lambdalabs.com deprecated; ``Authorization: Bearer <key>``):
 - ``GET /ssh-keys`` / ``POST /ssh-keys {name, public_key}``: the reconciler's key, registered once;
 - ``GET /instance-types``: ``regions_with_capacity_available`` per type, where an offer without a
-  region is launched (and whether its region has capacity now);
+  region is launched (and whether its region has capacity now); also the live offers, one per
+  type and region with capacity, priced by ``price_cents_per_hour`` and sized by ``specs{vcpus,
+  memory_gib, gpus}`` and ``gpu_description`` ("H100 (80 GB SXM5)");
 - ``POST /instance-operations/launch {region_name, instance_type_name, ssh_key_names, quantity: 1,
   name, tags}`` → ``{data: {instance_ids: [...]}}`` (region_name, instance_type_name and exactly one
   ssh key name are required; name ≤ 64 characters);
@@ -25,14 +27,15 @@ Provider sets no rateLimit, and launches are paced apart here.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
 from reconciler.core.errors import TemporaryError
 from reconciler.spec.models.provider import Offer, Provider
 from reconciler.spec.offers import provider_name
-from .base import AdapterContext, OfferUnavailable, Rental, offer_resource, parse_time, public_key, rental_id, \
-    valid_rentals
+from .base import AdapterContext, OfferUnavailable, Rental, capped, live_offer, offer_of, offer_resource, \
+    parse_time, public_key, rental_id, valid_rentals
 from .http import AnswerLost, ApiError, HttpAdapter
 
 BASE = "https://cloud.lambda.ai/api/v1"
@@ -163,7 +166,8 @@ class LambdaAdapter(HttpAdapter):
         tags = {t.get("key"): t.get("value") for t in item.get("tags") or [] if isinstance(t, dict)}
         name = self.book.resolve(pname, tags.get(TAG)) or pname
         itype = (item.get("instance_type") or {}).get("name")
-        offer = self._offers.get(itype)
+        region = (item.get("region") or {}).get("name") if isinstance(item.get("region"), dict) else None
+        offer = offer_of(self.provider, itype, region) or self._offers.get(itype)
         cents = (item.get("instance_type") or {}).get("price_cents_per_hour")
         price = cents / 100.0 if isinstance(cents, (int, float)) else (offer.price_per_hour if offer else None)
         created = parse_time(item.get("created_at")) or (
@@ -172,6 +176,29 @@ class LambdaAdapter(HttpAdapter):
                       port=self.provider.spec.ssh.port if state == "running" else None,
                       user=self.provider.spec.ssh.user, price_per_hour=price, created_at=created,
                       offer=offer.id if offer else None)
+
+    def live_offers(self) -> list:
+        """One offer per instance type and region with capacity (a type with none anywhere is
+        listed once, unavailable): Lambda's own prices, in cents."""
+        self._auth()
+        doc = self.client.request("GET", "/instance-types") or {}
+        data = doc.get("data") if isinstance(doc, dict) else None
+        out = []
+        for name, entry in (data.items() if isinstance(data, dict) else []):
+            itype = entry.get("instance_type") if isinstance(entry, dict) else None
+            if not isinstance(itype, dict):
+                continue
+            specs = itype.get("specs") if isinstance(itype.get("specs"), dict) else {}
+            cents = itype.get("price_cents_per_hour")
+            desc = str(itype.get("gpu_description") or "")[:128]
+            mem = re.search(r"(\d{1,4}) ?GB", desc)
+            regions = [r.get("name") for r in entry.get("regions_with_capacity_available") or [] if isinstance(r, dict)]
+            for region in regions[:64] or [None]:
+                out.append(live_offer(self.provider.metadata.name, name, desc.split(" ")[0] or None,
+                                      specs.get("gpus", 0), cents / 100 if isinstance(cents, (int, float)) else None,
+                                      region is not None, gpu_memory_gb=int(mem.group(1)) if mem else None,
+                                      cpu_count=specs.get("vcpus"), memory_gb=specs.get("memory_gib"), region=region))
+        return capped(out)
 
     def terminate(self, rental_id_: str) -> None:
         self._auth()

@@ -12,7 +12,10 @@ github.com/manifold-inc/targon-sdk ``libs/python/src/targon/client/workload.py``
 - ``GET /workloads/{uid}/state``: the SSH endpoint, ``urls[port == P].url`` = ``http://IP:PORT``
   (else ``public_ip``/``ssh_port``), asked once per rental when it first runs;
 - ``GET /workloads/{uid}``: the ``envs`` of a workload whose name this reconciler cannot place;
-- ``DELETE /workloads/{uid}``: give it back (404: gone already).
+- ``DELETE /workloads/{uid}``: give it back (404: gone already);
+- ``GET /inventory?type=rental&gpu=true`` (no key needed): the live offers, ``name``,
+  ``spec{gpu_type, gpu_count, vcpu, memory (MB)}``, ``cost_per_hour``, ``available`` (how many are
+  free: an int), a JSON list (T1 ``client/inventory.py``, T2 inventory).
 
 SSH: no public source says Targon writes attached ``ssh_keys`` into a container's own sshd, and
 ports below 1024 are refused (``ports[].port`` 1024–65535, the Targon Hub API clients in
@@ -35,7 +38,8 @@ from urllib.parse import urlparse
 from reconciler.core.errors import PermanentError, TemporaryError
 from reconciler.spec.models.provider import Offer, Provider
 from reconciler.spec.offers import provider_name
-from .base import AdapterContext, Rental, bad_rental_id, drop, offer_resource, parse_time, public_key, rental_id
+from .base import AdapterContext, Rental, bad_rental_id, capped, drop, live_offer, number, offer_of, offer_resource, \
+    parse_time, public_key, rental_id
 from .http import AnswerLost, HttpAdapter
 
 BASE = "https://api.targon.com/tha/v2"
@@ -207,7 +211,7 @@ class TargonAdapter(HttpAdapter):
             if host is None:
                 state = "provisioning"  # running, but no SSH endpoint published yet
         resource = item.get("resource_name") or (item.get("resource") or {}).get("name")
-        offer = self._offers.get(resource)
+        offer = offer_of(self.provider, resource) or self._offers.get(resource)
         price = item.get("cost_per_hour")
         created = parse_time(item.get("created_at")) or (self.book.first_seen(uid) if name != pname else None)
         return Rental(id=uid, name=name, state=state, host=host, port=port, user=self.provider.spec.ssh.user,
@@ -243,6 +247,25 @@ class TargonAdapter(HttpAdapter):
             self._endpoints[uid] = (ip, port)
             return self._endpoints[uid]
         return None, None
+
+    def live_offers(self) -> list:
+        """What Targon rents out now. The inventory needs no key; it is sent when there is one."""
+        if self.provider.spec.credentials and self.ctx.secret_source(self.provider.spec.credentials):
+            self._auth()
+        doc = self.client.request("GET", "/inventory", query={"type": "rental", "gpu": "true"})
+        items = doc.get("items") if isinstance(doc, dict) else doc
+        out = []
+        for item in items if isinstance(items, list) else []:
+            if not isinstance(item, dict):
+                continue
+            spec = item.get("spec") if isinstance(item.get("spec"), dict) else {}
+            mem_mb = spec.get("memory")
+            free = number(item.get("available"), 0, 1e6)  # machines free now (an int in the SDK's Inventory)
+            out.append(live_offer(self.provider.metadata.name, item.get("name"), spec.get("gpu_type"),
+                                  spec.get("gpu_count", 0), item.get("cost_per_hour"), bool(free),
+                                  cpu_count=spec.get("vcpu"),
+                                  memory_gb=mem_mb / 1024 if isinstance(mem_mb, (int, float)) else None))
+        return capped(out)
 
     def terminate(self, rental_id_: str) -> None:
         self._auth()

@@ -3,7 +3,7 @@
 Each check returns located diagnostics for the file at fault, so a pull request that breaks a
 reference (a run naming a template that was renamed) is pointed at the line that now dangles.
 ``cross_checks`` runs the concerns in a fixed order (each in a module of its own): names and ids,
-templates, runs (and what they stage, rent and pass to ms-swift), secret grants, fleets, and the
+templates, runs (and what they stage, rent and pass to ms-swift), secret grants, Storages, fleets, and the
 Slurm logins that need both templates and fleets.
 """
 
@@ -17,6 +17,7 @@ from .fleets import check_machines
 from .names import check_names, providers_of, template_lookup, the_policy
 from .runs import check_runs
 from .secrets import _check_secret_grants
+from .storage import check_storage, storages_of
 from .templates import _check_slurm_logins, _check_template
 
 
@@ -49,6 +50,7 @@ def cross_checks(root: Path, files: list, locator, given: set[str] | None = None
     policy = the_policy(checked, add)
     check_runs(root, checked, lookup, add, invalid_templates, providers_of(by_name), policy)
     _check_secret_grants(checked, policy, add)
+    check_storage(checked, storages_of(by_name), policy, add)
     machines = check_machines(checked, given, add)
     _check_slurm_logins(template_files, machines, add)
     return out

@@ -45,7 +45,7 @@ def check_names(checked: list, given: set[str], add) -> dict[tuple[str, str], An
     """Reports names that differ from their file's name or are defined twice; returns the file that
     defines each (kind, name)."""
     by_name: dict[tuple[str, str], Any] = {}
-    for f in sorted((f for f in checked if f.kind in ("Run", "Fleet", "Provider", "Policy")), key=lambda f: f.rel in given):
+    for f in sorted((f for f in checked if f.kind in ("Run", "Fleet", "Provider", "Policy", "Storage")), key=lambda f: f.rel in given):
         name = _at(f.data, "metadata", "name")
         if not is_dns_label(name):
             continue

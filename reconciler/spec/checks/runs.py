@@ -52,6 +52,9 @@ def _check_run(root: Path, f, templates: dict, add, invalid_templates: set[str],
                 add(f, ("spec", "overrides", key), f"template '{template.id}' does not allow overriding '{key}' (allowed: {allowed})")
         if _text(overrides.get("image")) and template.launch_mode.kind != "docker":
             add(f, ("spec", "overrides", "image"), "an image only applies to docker launches")
+        if spec.get("slurm") is not None and template.placement.kind != "slurm":
+            add(f, ("spec", "slurm"), f"spec.slurm only applies to slurm placement (template '{template.id}' "
+                                      f"places runs by {template.placement.kind})")
     _check_gpus(f, overrides, template, add)
     _check_nodes(f, overrides, template, add)
     if template is not None and template.placement.kind == "rental":

@@ -53,7 +53,8 @@ def secret_values(data: Any, text: str | None = None) -> list[tuple[tuple, str]]
         if CREDENTIAL.match(value.strip()):
             found.append((loc, "this value looks like a credential; never commit one: list its name under "
                                "spec.secrets and set it on the reconciler host"))
-        elif loc and isinstance(loc[-1], str) and SECRET_KEY.search(key) and "secrets" not in loc:
+        elif loc and isinstance(loc[-1], str) and SECRET_KEY.search(key) and "secrets" not in loc \
+                and not _names_a_secret(loc, value):
             name = key if re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key) else "NAME"
             found.append((loc, f"'{key}' holds a literal secret; remove the value, list '{name}' under "
                                "spec.secrets and set it on the reconciler host"))
@@ -98,3 +99,9 @@ def _check_secret_grants(checked: list, policy, add) -> None:
                 granted = policy is not None and rules is not None and not reserved_secret(secret, reserved)
                 where = f" ({policy.rel})" if granted else ""
                 add(f, ("spec", "secrets", i), why + where)
+
+
+def _names_a_secret(loc: tuple, value: str) -> bool:
+    """A Storage's spec.credentials maps rclone options (secret_access_key, ...) to the names of
+    secrets: a variable name there is a reference, not a value."""
+    return len(loc) == 3 and loc[:2] == ("spec", "credentials") and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value) is not None

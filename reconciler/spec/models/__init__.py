@@ -9,7 +9,8 @@ from .fleet import Fleet
 from .policy import Policy
 from .provider import Provider
 from .run import Run
+from .storage import Storage
 from .template import ExecutionTemplate
 
 KINDS: dict[str, type[BaseModel]] = {"Run": Run, "ExecutionTemplate": ExecutionTemplate, "Fleet": Fleet,
-                                     "Provider": Provider, "Policy": Policy}
+                                     "Provider": Provider, "Policy": Policy, "Storage": Storage}

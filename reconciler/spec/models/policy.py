@@ -83,6 +83,10 @@ class PolicySpec(Strict):
                           "reconciler's own (RECONCILER_*, GIT_*, SSH_*, Providers' credentials); set (even "
                           "empty): only what a rule grants.",
         examples=[[{"names": ["HF_TOKEN"], "teams": ["nlp"]}, {"names": ["NLP_*"], "runs": ["nlp-*"]}]])
+    defaultStorage: Annotated[str, Field(pattern=DNS_LABEL, max_length=DNS_LABEL_MAX, json_schema_extra={
+        "patternErrorMessage": DNS_LABEL_MESSAGE})] | None = Field(
+        None, description="The Storage (specs/storage/<name>.yaml) of runs whose spec.outputs names none. Unset: "
+                          "such runs' outputs come back to the reconciler host.", examples=["s3-outputs"])
 
     @model_validator(mode="after")
     def _unique(self):

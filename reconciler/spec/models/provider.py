@@ -27,8 +27,13 @@ class Offer(Strict):
     memory_gb: float | None = Field(None, gt=0, le=65536, description="Host memory, in GB.", examples=[128])
     region: str | None = Field(None, description="Where the machine is, as the provider names it.",
                                examples=["us-east-1"])
-    price_per_hour: float = Field(ge=0, le=100000, description="What the machine costs per hour, in the currency "
-                                  "of the provider's bills; cheapest fitting offer wins.", examples=[2.4])
+    price_per_hour: float | None = Field(None, ge=0, le=100000, description="What the machine costs per hour, in "
+                                         "the currency of the provider's bills; cheapest fitting offer wins. Required "
+                                         "for local and command providers; elsewhere it overrides the live price, "
+                                         "and when unset the provider's live price is used.", examples=[2.4])
+    spot: bool = Field(False, description="Rent it interruptible (Vast.ai bid): cheaper, and the provider may take "
+                       "it away; a run opts in by being placed on such an offer. A lost spot machine is replaced like "
+                       "any machine that evaporated.")
 
     @model_validator(mode="after")
     def _gpus(self):
@@ -109,14 +114,31 @@ class CommandProviderSettings(Strict):
                         examples=[{"ACME_REGION": "eu-west"}])
 
 
-PROVIDER_TYPES = ("local", "targon", "lambda", "command")
+class RunpodSettings(Strict):
+    """type runpod: where pods are placed and how much disk they get."""
+
+    cloud: Literal["SECURE", "COMMUNITY"] = Field("SECURE", description="RunPod's cloud tier (REST v2 Cloud).")
+    containerDiskGb: int = Field(50, ge=1, le=65536, description="Container disk per pod, in GB.")
+
+
+class VastSettings(Strict):
+    """type vastai: disk and the SSH path of Vast.ai instances."""
+
+    diskGb: float = Field(50, gt=0, le=65536, description="Disk per instance, in GB (priced by the host).")
+    direct: bool = Field(False, description="SSH straight to the host's public IP and mapped port (runtype "
+                         "'ssh_direc ssh_proxy') instead of Vast's SSH proxy (sshN.vast.ai), the default.")
+
+
+PROVIDER_TYPES = ("local", "targon", "lambda", "runpod", "vastai", "command")
+CATALOG_ONLY = ("local", "command")  # no live offers: the catalog is all there is
 
 
 class ProviderSpec(Strict):
     """A rental provider: its account, catalog, limits and how long its machines are kept."""
 
     type: Literal[PROVIDER_TYPES] = Field(description="Which adapter talks to it: local (sshd servers on this "  # type: ignore[valid-type]
-                                          "machine), targon, lambda, or command (executables of your own).")
+                                          "machine), targon, lambda, runpod, vastai, or command (executables of "
+                                          "your own).")
     credentials: Annotated[str, Field(pattern=ENV_NAME, json_schema_extra={"patternErrorMessage": ENV_NAME_MESSAGE})] | None = Field(
         None, description="Name of the secret holding the API key, set on the reconciler host; never the value.",
         examples=["TARGON_API_KEY"])
@@ -125,7 +147,11 @@ class ProviderSpec(Strict):
     project: str | None = Field(None, description="Provider project or account scope the rentals go in "
                                 "(Targon project_id).")
     rateLimit: RateLimit = Field(default_factory=RateLimit, description="API call rate (a token bucket).")
-    offers: list[Offer] = Field(min_length=1, description="The catalog: shapes and prices runs may rent.")
+    offers: list[Offer] = Field(default_factory=list, description="The catalog. Local and command providers: the "
+                                "shapes and prices runs may rent (at least one). Targon, Lambda, RunPod, Vast.ai: "
+                                "optional filters and price overrides over the provider's live offers (an entry "
+                                "matches by resource, else by gpu_type and gpu_count, else by id); without a "
+                                "catalog every live on-demand offer may be rented.")
     limits: ProviderLimits = Field(default_factory=ProviderLimits, description="Machines, hourly spend and "
                                    "budget; reaching one stops new provisioning, with a condition saying so.")
     idle: float = Field(0, ge=0, le=7 * 86400, description="Seconds a rental stays up after its run ended, for the "
@@ -139,14 +165,23 @@ class ProviderSpec(Strict):
     ssh: RentalSsh = Field(default_factory=RentalSsh, description="Login details of the provider's machines.")
     local: LocalProviderSettings | None = Field(None, description="type local only.")
     command: CommandProviderSettings | None = Field(None, description="type command only: the executables.")
+    runpod: RunpodSettings | None = Field(None, description="type runpod only.")
+    vastai: VastSettings | None = Field(None, description="type vastai only.")
 
     @model_validator(mode="after")
     def _settings(self):
         if self.type == "command" and self.command is None:
             raise ValueError("type command needs command: {provision, inventory, terminate}")
-        for key in ("local", "command"):
+        for key in ("local", "command", "runpod", "vastai"):
             if getattr(self, key) is not None and self.type != key:
                 raise ValueError(f"'{key}' settings are for type {key}, not {self.type}")
+        if self.type in CATALOG_ONLY:
+            if not self.offers:
+                raise ValueError(f"type {self.type} has no live offers: offers (the catalog) needs at least one")
+            unpriced = [o.id for o in self.offers if o.price_per_hour is None]
+            if unpriced:
+                raise ValueError(f"type {self.type} has no live prices: offer(s) {', '.join(unpriced)} need "
+                                 "price_per_hour")
         ids = [o.id for o in self.offers]
         dup = sorted({i for i in ids if ids.count(i) > 1})
         if dup:

@@ -8,6 +8,7 @@ from pydantic import Field, field_validator
 
 from .common import (CODE_PATH, COMMIT_MESSAGE, DNS_LABEL, DNS_LABEL_MESSAGE, ENV_NAME_MESSAGE, INPUT_PATH,
                      INPUT_PATH_MESSAGE, SHA1_HEX, EnvMap, EnvName, Metadata, ResourcesOverride, Strict)
+from .slurm import SlurmRequest
 from .tasks import Task
 
 
@@ -76,6 +77,43 @@ class Stall(Strict):
                                                       "(condition Stalled); terminate: also stop the run.")
 
 
+class StartFrom(Strict):
+    """A checkpoint in a Storage the run starts from instead of from scratch (what `reconcile
+    reproduce --checkpoint` writes)."""
+
+    checkpoint: str = Field(pattern=r"^checkpoint-[0-9]{1,12}$", description="The checkpoint's folder name.",
+                            examples=["checkpoint-400"],
+                            json_schema_extra={"patternErrorMessage": "checkpoint-N (N: up to 12 digits)"})
+    uri: str = Field(pattern=r"^[a-z0-9]([-_a-z0-9]*[a-z0-9])?:[A-Za-z0-9_.=+-]+(/[A-Za-z0-9_.=+-]+)*$",
+                     max_length=1024, description="Where it is: <remote>:<path>, as status outputs show it (the remote is "
+                     "the Storage's name with '-' as '_').",
+                     examples=["s3_outputs:training/r-0123456789ab/llama/g1/checkpoints/checkpoint-400"],
+                     json_schema_extra={"patternErrorMessage": "<remote>:<path in the bucket>, as status outputs show "
+                                        "it, without '.' or '..'"})
+    manifest_sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="SHA-256 of the checkpoint's manifest: "
+                                 "the machine refuses a checkpoint whose manifest differs.",
+                                 json_schema_extra={"patternErrorMessage": "64 lowercase hex characters"})
+
+    @field_validator("uri")
+    @classmethod
+    def _no_dotdot(cls, v: str) -> str:
+        if {"..", "."} & set(v.partition(":")[2].split("/")):
+            raise ValueError("must not contain '.' or '..' segments")
+        return v
+
+
+class Outputs(Strict):
+    """Where the run's checkpoints and artifacts go: a Storage, written to from the machine."""
+
+    storage: Annotated[str, Field(pattern=DNS_LABEL, json_schema_extra={"patternErrorMessage": DNS_LABEL_MESSAGE})] | None = Field(
+        None, description="Name of a Storage (specs/storage/<name>.yaml). Unset: the Policy's defaultStorage; "
+                          "neither: outputs come back to the reconciler host.", examples=["s3-outputs"])
+    keep_checkpoints: int | None = Field(None, ge=1, le=64, description="Replaces the Storage's keep_checkpoints "
+                                         "for this run.", examples=[3])
+    start_from: StartFrom | None = Field(None, description="Start from this checkpoint of the Storage (resume "
+                                         "from it) rather than from scratch.")
+
+
 class RunSpec(Strict):
     """What to run, where, and what to do when it fails."""
 
@@ -114,6 +152,15 @@ class RunSpec(Strict):
     maxCost: float | None = Field(None, ge=0, description="Rental placement: what the run's rentals may cost in "
                                   "all (status cost.so_far); reached, no new rental is provisioned for it.",
                                   examples=[50])
+    slurm: SlurmRequest | None = Field(None, description="Slurm placement: this run's time limit, account, QOS "
+                                       "and warning signal, over its template's placement.slurm.")
+    restartedAt: Annotated[str, Field(pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$", json_schema_extra={
+        "patternErrorMessage": "a time in UTC like 2026-11-26T09:30:00Z (reconcile restart writes it)"})] | None = Field(
+        None, description="Set by `reconcile restart`: a new value starts the run again from the beginning, as a "
+                          "new generation (its retries counted afresh). A time in UTC.",
+        examples=["2026-11-26T09:30:00Z"])
+    outputs: Outputs | None = Field(None, description="Optional: checkpoints and artifacts go to object storage "
+                                    "(a Storage) from the machine, never through the reconciler host.")
 
 
 class Run(Strict):

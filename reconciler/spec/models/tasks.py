@@ -8,12 +8,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_serializer, field_validator, model_validator
 
 from .common import SWIFT_FORK, EnvMap, Strict
 
 # ms-swift arguments the reconciler sets itself (artifacts location and resume); never in args.
 SWIFT_MANAGED = ("output_dir", "add_version", "resume_from_checkpoint")
+# Task fields that are the reconciler's, not ms-swift arguments (swift.TYPED_SKIP renders none of them).
+SWIFT_OWN = ("type", "args", "resume", "requires")
+
+
+def _as_swift_parses(cls, v: Any, info) -> Any:
+    from .swift_values import typed_value
+    return typed_value(cls.command(), info.field_name, v)
 
 
 class CommandTask(Strict):
@@ -49,45 +56,63 @@ class SwiftRequires(Strict):
         return v
 
 
-TUNER_TYPES = ("full", "lora", "longlora", "adalora", "llamapro", "adapter", "vera", "boft", "fourierft", "reft")
+def _tuner_types() -> list[str]:
+    # The built-in tuners (ms-swift's get_supported_tuners, recorded in swift_args.json): editor suggestions
+    # only; ms-swift takes any name (plugin tuners register their own), and so does the spec.
+    from reconciler.tasks.swift import swift_tuner_types
+    return swift_tuner_types()
+
+
 _STEPS = "Optimizer steps"
 
 
+def _swift_choices(command: str, name: str) -> tuple:
+    from reconciler.tasks.swift import swift_argument_specs
+    return tuple(swift_argument_specs(command)[name]["choices"])
+
+
 class SwiftCommon(Strict):
+    """Typed ms-swift arguments: their types and choices are ms-swift's own (swift_args.json), nothing stricter.
+
+    Each value is parsed as ms-swift's parser would parse it (``swift_values.typed_value``), so a
+    typed field refuses exactly what ms-swift refuses, with ms-swift's reason.
+    """
+
     model: str = Field(description="Model id (hub) or path on the execution plane; a staged model folder is "
                        "inputs/<path>.", examples=["Qwen/Qwen2.5-7B-Instruct"])
     model_type: str | None = Field(None, description="ms-swift model type; needed for local model folders.",
                                    examples=["qwen2"])
     template: str | None = Field(None, description="ms-swift chat template; needed for local model folders.",
                                  examples=["qwen"])
-    dataset: list[str] = Field(min_length=1, description="Training datasets: hub ids or paths (inputs/... for "
-                               "staged files); ms-swift's 'path#N' samples N rows.",
-                               examples=[["inputs/data/train.jsonl"]])
+    dataset: list[str] = Field(default_factory=list, description="Training datasets: hub ids or paths (inputs/... "
+                               "for staged files); ms-swift's 'path#N' samples N rows. Needed unless "
+                               "args.cached_dataset is set.", examples=[["inputs/data/train.jsonl"]])
     val_dataset: list[str] = Field(default_factory=list, description="Validation datasets, written like dataset.",
                                    examples=[["inputs/data/val.jsonl"]])
-    tuner_type: Literal[TUNER_TYPES] = Field("lora", description="How the model is tuned: full fine-tuning or an "
-                                             "adapter (ms-swift 4's name; ms-swift 3 called it train_type).")  # type: ignore[valid-type]
-    max_steps: int | None = Field(None, ge=1, description=f"{_STEPS} to train for; overrides num_train_epochs.",
-                                  examples=[2000])
-    num_train_epochs: float | None = Field(None, gt=0, description="Passes over the training data.", examples=[3])
-    learning_rate: float | None = Field(None, gt=0, lt=1, description="Peak learning rate.", examples=[1.0e-4])
-    per_device_train_batch_size: int | None = Field(None, ge=1, description="Training batch size per GPU.",
+    tuner_type: str = Field("lora", min_length=1, description="How the model is tuned: full fine-tuning or an "
+                            "adapter (ms-swift 4's name; ms-swift 3 called it train_type). Any tuner ms-swift or a "
+                            "plugin registers.", json_schema_extra={"examples": _tuner_types()})
+    max_steps: int | None = Field(None, description=f"{_STEPS} to train for; overrides num_train_epochs "
+                                  "(-1: not set).", examples=[2000])
+    num_train_epochs: float | None = Field(None, description="Passes over the training data.", examples=[3])
+    learning_rate: float | None = Field(None, description="Peak learning rate.", examples=[1.0e-4])
+    per_device_train_batch_size: int | None = Field(None, description="Training batch size per GPU.",
                                                     examples=[1])
-    per_device_eval_batch_size: int | None = Field(None, ge=1, description="Evaluation batch size per GPU.")
-    gradient_accumulation_steps: int | None = Field(None, ge=1, description="Batches accumulated per optimizer "
-                                                    "step.", examples=[16])
-    max_length: int | None = Field(None, ge=1, description="Longest sequence in tokens; longer rows are truncated "
+    per_device_eval_batch_size: int | None = Field(None, description="Evaluation batch size per GPU.")
+    gradient_accumulation_steps: int | None = Field(None, description="Batches accumulated per optimizer step.",
+                                                    examples=[16])
+    max_length: int | None = Field(None, description="Longest sequence in tokens; longer rows are truncated "
                                    "or dropped (ms-swift's truncation_strategy).", examples=[2048])
-    torch_dtype: Literal["bfloat16", "float16", "float32"] | None = Field(None, description="Dtype the model is "
-                                                                          "loaded in.")
-    lora_rank: int | None = Field(None, ge=1, description="LoRA rank (LoRA tuner types only).", examples=[8])
-    lora_alpha: int | None = Field(None, ge=1, description="LoRA alpha (LoRA tuner types only).", examples=[32])
-    save_steps: int | None = Field(None, ge=1, description=f"{_STEPS} between checkpoints (what a relaunch "
-                                   "resumes from).", examples=[100])
-    eval_steps: int | None = Field(None, ge=1, description=f"{_STEPS} between evaluations.")
-    logging_steps: int | None = Field(None, ge=1, description=f"{_STEPS} between log lines (the run's progress "
+    torch_dtype: Literal[_swift_choices("sft", "torch_dtype")] = Field(  # type: ignore[valid-type]
+        None, description="Dtype the model is loaded in.")
+    lora_rank: int | None = Field(None, description="LoRA rank (LoRA tuner types only).", examples=[8])
+    lora_alpha: float | None = Field(None, description="LoRA alpha (LoRA tuner types only).", examples=[32])
+    save_steps: float | None = Field(None, description=f"{_STEPS} between checkpoints (what a relaunch "
+                                     "resumes from); below 1, a fraction of the total steps.", examples=[100])
+    eval_steps: float | None = Field(None, description=f"{_STEPS} between evaluations (below 1: a fraction).")
+    logging_steps: int | None = Field(None, description=f"{_STEPS} between log lines (the run's progress "
                                       "in its status).", examples=[5])
-    save_total_limit: int | None = Field(None, ge=1, description="Checkpoints kept; older ones are deleted.",
+    save_total_limit: int | None = Field(None, description="Checkpoints kept; older ones are deleted.",
                                          examples=[2])
     seed: int | None = Field(None, description="Random seed.", examples=[42])
     requires: SwiftRequires | None = Field(None, description="Declared ms-swift version or fork; a mismatch fails "
@@ -111,15 +136,23 @@ class SwiftCommon(Strict):
             raise ValueError("'train_type' was renamed to 'tuner_type' in ms-swift 4; use tuner_type")
         return data
 
-    @model_validator(mode="after")
-    def _consistent(self):
-        if self.tuner_type == "full":
-            lora = [k for k in ("lora_rank", "lora_alpha") if getattr(self, k) is not None]
-            lora += [k for k in self.args if k.startswith("lora_")]
-            if lora:
-                raise ValueError(f"{', '.join(lora)}: LoRA settings, but tuner_type is 'full' (use tuner_type: lora, "
-                                 "or remove them)")
-        return self
+    @field_serializer("lora_alpha", "save_steps", "eval_steps")
+    def _whole_as_int(self, v: float | None) -> float | int | None:
+        """These were integers before they took ms-swift's float type: a whole value is written as
+        one, so the spec digest of a run that sets one (and with it its generation) does not move."""
+        return int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 2**53 else v
+
+    @field_validator("model", "model_type", "template", "dataset", "val_dataset", "tuner_type", "max_steps",
+                     "num_train_epochs", "learning_rate", "per_device_train_batch_size", "per_device_eval_batch_size",
+                     "gradient_accumulation_steps", "max_length", "torch_dtype", "lora_rank", "lora_alpha",
+                     "save_steps", "eval_steps", "logging_steps", "save_total_limit", "seed", mode="before")
+    @classmethod
+    def _as_swift_parses(cls, v: Any, info) -> Any:
+        return _as_swift_parses(cls, v, info)
+
+    @classmethod
+    def command(cls) -> str:
+        return "rlhf" if "rlhf_type" in cls.model_fields else "sft"
 
     @field_validator("args")
     @classmethod
@@ -157,29 +190,23 @@ class SwiftSftTask(SwiftCommon):
     type: Literal["swift-sft"] = Field(description="Task type: ms-swift supervised fine-tuning (swift sft).")
 
 
-RLHF_TYPES = ("dpo", "orpo", "simpo", "kto", "cpo", "rm", "ppo", "grpo", "gkd")
-
-
 class SwiftRlhfTask(SwiftCommon):
     """Preference or reinforcement learning with ms-swift (``swift rlhf``)."""
 
     type: Literal["swift-rlhf"] = Field(description="Task type: ms-swift preference or RL training (swift rlhf).")
-    rlhf_type: Literal[RLHF_TYPES] = Field(description="Preference or RL algorithm.", examples=["dpo"])  # type: ignore[valid-type]
-    beta: float | None = Field(None, gt=0, description="KL or preference strength (not for rlhf_type rm).",
+    rlhf_type: Literal[_swift_choices("rlhf", "rlhf_type")] = Field(  # type: ignore[valid-type]
+        "dpo", description="Preference or RL algorithm (ms-swift's default: dpo).", examples=["dpo"])
+    beta: float | None = Field(None, description="KL or preference strength (0 turns the KL term off in grpo).",
                                examples=[0.1])
     ref_model: str | None = Field(None, description="Reference model id or path (defaults to the model itself).")
-    reward_funcs: list[str] = Field(default_factory=list, description="grpo only: reward functions (or set "
-                                    "args.reward_model).", examples=[["accuracy", "format"]])
+    reward_funcs: list[str] = Field(default_factory=list, description="grpo: reward functions; a grpo run may "
+                                    "instead use args.reward_model, a teacher or a gym environment.",
+                                    examples=[["accuracy", "format"]])
 
-    @model_validator(mode="after")
-    def _rlhf(self):
-        if self.rlhf_type == "grpo" and not self.reward_funcs and "reward_model" not in self.args:
-            raise ValueError("rlhf_type grpo needs reward_funcs (e.g. [accuracy, format]) or args.reward_model")
-        if self.reward_funcs and self.rlhf_type != "grpo":
-            raise ValueError(f"reward_funcs only apply to rlhf_type grpo, not {self.rlhf_type}")
-        if self.beta is not None and self.rlhf_type in ("rm",):
-            raise ValueError("beta does not apply to rlhf_type rm")
-        return self
+    @field_validator("rlhf_type", "beta", "ref_model", "reward_funcs", mode="before")
+    @classmethod
+    def _rlhf_as_swift_parses(cls, v: Any, info) -> Any:
+        return _as_swift_parses(cls, v, info)
 
 
 TASK_TYPES = {"command": CommandTask, "swift-sft": SwiftSftTask, "swift-rlhf": SwiftRlhfTask}

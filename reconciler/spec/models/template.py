@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
 from .common import DNS_LABEL, DNS_LABEL_MAX, DNS_LABEL_MESSAGE, EnvMap, Resources, Strict
+from .slurm import SlurmAccount, SlurmQos, SlurmSignal, SlurmTime
 
 OVERRIDABLE = ("target", "resources", "runtime_env", "image", "detach", "selector")
 
@@ -23,10 +24,15 @@ class SlurmSettings(Strict):
                                 "and jobs write their runtime/ files there.", examples=["/shared/reconciler"])
     partition: str | None = Field(None, description="The partition jobs are submitted to (the cluster's default "
                                   "when unset).", examples=["gpu"])
-    time_limit: Annotated[str, Field(pattern=r"^[0-9:-]+$", json_schema_extra={
-        "patternErrorMessage": "minutes, or [days-]hours:minutes:seconds"})] | None = Field(
+    time_limit: SlurmTime | None = Field(
         None, description="sbatch --time (minutes, or [days-]hours:minutes:seconds); the partition's limit when "
-                          "unset.", examples=["24:00:00"])
+                          "unset. A run's spec.slurm.time_limit replaces it.", examples=["24:00:00"])
+    account: SlurmAccount | None = Field(
+        None, description="sbatch --account, unless a run's spec.slurm sets its own.", examples=["ml-team"])
+    qos: SlurmQos | None = Field(
+        None, description="sbatch --qos, unless a run's spec.slurm sets its own.", examples=["normal"])
+    signal: SlurmSignal | None = Field(None, description="A warning signal before the time limit (sbatch "
+                                       "--signal=B:<name>@<before_s>), unless a run's spec.slurm sets its own.")
     gres: str = Field("gpu", pattern=r"^[A-Za-z0-9_]+(:[A-Za-z0-9_.-]+)?$", description="The GRES that GPUs are "
                       "requested as: gpu, or gpu:<type> (--gres=<gres>:<gpu_count>).", examples=["gpu:h100"],
                       json_schema_extra={"patternErrorMessage": "gpu, or gpu:<type>"})

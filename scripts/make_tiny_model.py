@@ -15,7 +15,7 @@ deterministic: the same seed, the same corpus, the same files.
 
 Usage (with the ms-swift venv's python; needs torch, transformers, tokenizers)::
 
-    python make_tiny_model.py OUT_DIR [--force]
+    python scripts/make_tiny_model.py OUT_DIR [--force]
 
 Idempotent: does nothing if ``OUT_DIR/config.json`` exists, unless ``--force``.
 """

@@ -1,0 +1,111 @@
+"""No two attempts of a run alive at once: every change of a run stops what is left of every
+attempt it does not keep running (an earlier one, or its own that has ended) before anything else.
+
+A run's lifecycle decides from its current attempt's state; an attempt's state says how its
+wrapper's own child ended, not that everything it started did (a worker in a session of its own
+outlives the wrapper's group). The probe counts, per identity, the processes that still carry it
+(``ObservedRun.live``), and this pass adds a stop of every such process to the run's own change:
+apply carries out a change's stops first, in order, and starts nothing when a stop reports a
+survivor, so a launch (or relaunch) runs only once the machine confirmed, in the same pass, that
+nothing of an earlier attempt lives there; otherwise the change fails and the next pass observes
+and stops again before it launches.
+
+What cannot be observed cannot be stopped: a machine that does not answer is waited for (the
+unreachable grace of the run's lifecycle) and fenced when it comes back (housekeeping.py). A
+rented machine its provider reports terminated, or no longer lists, cannot come back, so nothing
+waits for it (``evaporated``).
+"""
+
+from __future__ import annotations
+
+from reconciler.core.actions import Action
+from reconciler.core.observed import ObservedRun, ObservedWorld
+from reconciler.core.plan import Change, Kill, Plan
+from reconciler.core.runstatus import TERMINAL, RunStatus, iso
+
+STARTS = (Action.LAUNCH, Action.RELAUNCH, Action.PROVISION)
+
+
+def fence_other_attempts(plan: Plan, world: ObservedWorld, protected: set[str]) -> None:
+    """Add to each run's own change a stop of every live process of its attempts other than the
+    one it keeps running. ``protected``: runs whose spec is invalid (nothing of theirs is touched)."""
+    for c in plan.changes:
+        if c.phase is None or c.name in protected:
+            continue
+        extra = _to_stop(c, world.instances(c.name))
+        if extra:
+            c.kill = c.kill + extra
+            if c.action == Action.NONE:  # shown, and recorded, as the stop it now is
+                c.action, c.code = Action.TERMINATE, "Fenced"
+                c.reason = f"stopping what is left of {', '.join(k.identity for k in extra)}"
+
+
+def hold_for_unreachable(plan: Plan, world: ObservedWorld, previous: dict[str, RunStatus], now: float,
+                         grace: float) -> None:
+    """A run's next attempt does not start while a machine that holds its current attempt (as its
+    status records it, every node of it) does not answer: that attempt may still run there, and
+    nothing can stop it. The start waits until the machine answers (the attempt is then stopped
+    first, as any other) or until the unreachable grace has passed (it is declared lost, and fenced
+    when its machine is back). A lost machine's own run waits this way already (lifecycle); this
+    holds every other start: a changed spec, a restart after a stop, a relaunch elsewhere."""
+    for c in plan.changes:
+        prev = previous.get(c.name)
+        if c.phase is None or c.action not in STARTS or prev is None or prev.handle is None:
+            continue
+        if prev.phase in TERMINAL or prev.handle.identity in (None, c.identity):
+            continue  # an attempt seen ended stays ended; a start of the same identity waits already
+        for where in _machines_of(prev.handle):
+            m = world.machines.get(where)
+            if m is None or m.reachable or evaporated(world, where):
+                continue
+            until = (m.unreachable_since or now) + grace
+            if now < until:
+                _hold(c, prev, where, m.error, until, now)
+                break
+
+
+def _machines_of(handle) -> list[str]:
+    nodes = [n.get("machine") for n in handle.nodes or [] if isinstance(n, dict)]
+    return [m for m in [handle.machine, *nodes] if m]
+
+
+def _hold(c: Change, prev: RunStatus, where: str, error: str, until: float, now: float) -> None:
+    """``c`` becomes a wait that records the run as it was: its current attempt, spec and phase."""
+    c.reason = (f"{where}, which holds {prev.handle.identity}, does not answer ({error or 'no reply'}); "
+                f"{c.identity} starts once it is stopped there, or at {iso(until)} when it is declared lost")
+    c.action, c.code, c.phase = Action.WAIT, "MachineUnreachable", "Unknown"
+    c.identity, c.machine, c.workspace, c.nodes, c.gpus = prev.handle.identity, where, None, [], []
+    c.generation, c.attempt = prev.generation, prev.attempt
+    c.spec_digest, c.spec_path = prev.spec.digest, prev.spec.path
+    c.collect_first, c.resume_from, c.rental = None, None, None
+    c.retry_after = min(until - now, 60.0)
+
+
+def _to_stop(c: Change, instances: list[ObservedRun]) -> list[Kill]:
+    """The live nodes (or one-machine instances) of ``c``'s run that ``c`` neither stops already
+    nor keeps: it keeps its own identity while that still runs, unless it starts a new attempt."""
+    have = {k.identity for k in c.kill}
+    keep = None if c.action in STARTS else c.identity
+    out = []
+    for r in instances:
+        if r.identity in have:
+            continue
+        for n in r.nodes or [r]:
+            if not (n.alive or n.lingering) or n.identity in have:
+                continue
+            if r.identity == keep and n.state == "running":
+                continue
+            out.append(Kill(n.machine, n.identity, n.workspace))
+    return out
+
+
+def evaporated(world: ObservedWorld, machine: str) -> bool:
+    """Whether ``machine`` is a rental its provider reports gone: terminated, or absent from an
+    inventory that was read. Its instance cannot come back, so nothing needs to wait for it."""
+    if "/" not in machine:
+        return False
+    provider = machine.split("/", 1)[0]
+    if provider in world.provider_errors:
+        return False
+    r = world.rentals.get(machine)
+    return r is None or r.state == "terminated"
