@@ -38,8 +38,8 @@ def build(p: argparse.ArgumentParser, run_names) -> None:
     p.epilog = "After --: run COMMAND in the workspace instead of a login shell (a terminal when stdin is one)."
 
 
-def target(cfg: Config, name: str, node: int) -> tuple[str, str]:
-    """(machine, workspace) of run ``name``'s node ``node``, from its status."""
+def target(cfg: Config, name: str, node: int):
+    """(machine, workspace, status) of run ``name``'s node ``node``, from its status."""
     from reconciler.status import store as statuses
 
     from .common import no_such_run, status_names
@@ -53,7 +53,7 @@ def target(cfg: Config, name: str, node: int) -> tuple[str, str]:
     nodes = h.nodes or [{"rank": 0, "machine": h.machine, "workspace": h.workspace}]
     for n in nodes:
         if n.get("rank") == node:
-            return str(n.get("machine") or LOCAL), str(n.get("workspace") or "")
+            return str(n.get("machine") or LOCAL), str(n.get("workspace") or ""), st
     raise UsageError(f"run {name!r} has no node {node} (nodes: {', '.join(str(n.get('rank')) for n in nodes)})")
 
 
@@ -91,10 +91,9 @@ def _known_hosts(t, folder: str) -> str:
 def cmd_ssh(args: argparse.Namespace, cfg: Config) -> int:
     from reconciler.machines.pool import recorded_pool
     from reconciler.spec.load import load_tree
-    from reconciler.status import store as statuses
 
     command = list(getattr(args, "remote", None) or [])
-    machine, ws = target(cfg, args.name, args.node)
+    machine, ws, st = target(cfg, args.name, args.node)
     env = procenv.base(keep=TERMINAL + ("SSH_AUTH_SOCK",))
     if machine == LOCAL:
         if not Path(ws).is_dir():
@@ -103,8 +102,7 @@ def cmd_ssh(args: argparse.Namespace, cfg: Config) -> int:
         return subprocess.call(argv, cwd=ws, env=env)
     if shutil.which("ssh") is None:
         raise ReconcilerError("the ssh client (OpenSSH) is not installed here")
-    previous = {args.name: statuses.load_one(cfg.repo / "status", args.name)}
-    pool = recorded_pool(cfg, load_tree(cfg.repo), previous)
+    pool = recorded_pool(cfg, load_tree(cfg.repo), {args.name: st})
     try:
         t = pool.get(machine)
         if not hasattr(t, "endpoint"):  # a Slurm cluster whose login host is this machine
