@@ -218,7 +218,8 @@ def _launch_one(c: Change, ctx: ApplyContext, entry, secrets: dict, t, identity:
     _after_stage()
     spec = LaunchSpec(identity=identity, run_name=c.name, workspace=ws, launch_mode=eff.launch_mode,
                       image=eff.image, network=eff.network, pull=eff.pull, gpus=gpus, secrets=secrets,
-                      spec_digest=entry.digest, slurm=slurm_job(template, eff, entry.run.spec.slurm), env=dict(env or {}),
+                      spec_digest=entry.digest, slurm=slurm_job(template, eff, entry.run.spec.slurm),
+                      env=dict(env or {}, **_resume_env(entry, t, identity, resume, eff.launch_mode == "docker")),
                       storage_env=sl.env if sl is not None else {})
     if sl is not None and out is not None:
         out.outputs = sl.outputs
@@ -227,16 +228,18 @@ def _launch_one(c: Change, ctx: ApplyContext, entry, secrets: dict, t, identity:
 
 def _vm_resume(c: Change, ctx: ApplyContext, entry, t, identity: str):
     """(what the task resumes from, the VM store's checkpoint to stage) for a run without a Storage:
-    a checkpoint of a previous attempt on this machine, else the copy taken off the old rental."""
-    if not c.resume_from or entry.run.spec.task.type == "command":
+    a checkpoint of a previous attempt on this machine, else the copy taken off the old rental.
+    A command run resumes from its previous attempt whenever it left a checkpoint (docs/rentals.md)."""
+    from reconciler.rentals import checkpoints
+
+    prior = checkpoints.previous_attempt(identity) if entry.run.spec.task.type == "command" else c.resume_from
+    if not prior:
         return None, None
-    resume = _resume_path(t, c)
+    resume = _resume_path(t, prior)
     if resume is not None:
         return resume, None
     # Not on this machine (a new rental): the copy taken off the old one, staged with the bundle.
-    from reconciler.rentals import checkpoints
-
-    p = parse(c.resume_from)
+    p = parse(prior)
     saved = checkpoints.latest(ctx.repo / ".reconciler", p.name, p.generation) if p else None
     if saved is None:
         return None, None
@@ -361,16 +364,25 @@ def _rental_ready(c: Change, ctx: ApplyContext, t, out: Outcome) -> None:
     out.rental_step = None
 
 
-def _resume_path(t, c: Change) -> str | None:
+def _resume_env(entry, t, identity: str, resume: str | None, docker: bool) -> dict[str, str]:
+    """A command run learns its checkpoint from the environment (RECONCILER_RESUME_DIR)."""
+    if entry.run.spec.task.type != "command":
+        return {}
+    from reconciler.rentals import checkpoints
+
+    return checkpoints.resume_env(resume, t.workspace(identity), docker)
+
+
+def _resume_path(t, prior: str) -> str | None:
     """The latest complete checkpoint of the previous attempts on this machine, newest attempt first.
 
-    ``c.resume_from`` is the failed attempt's identity; when it died before saving anything, the
+    ``prior`` is the failed attempt's identity; when it died before saving anything, the
     attempt before it (which it resumed from) may still hold one. A checkpoint counts only once its
     ``trainer_state.json`` exists: a kill in the middle of a save leaves a folder without it.
     One round trip; None when there is nothing to resume from (the run then starts over).
     """
-    p = parse(c.resume_from)
-    idents = [make(p.name, p.generation, a) for a in range(p.attempt, 0, -1)] if p else [c.resume_from]
+    p = parse(prior)
+    idents = [make(p.name, p.generation, a) for a in range(p.attempt, 0, -1)] if p else [prior]
     # A run on several machines saves its checkpoints on node 0: that node's workspaces too.
     idents = [x for i in idents for x in (i, node_identity(i, 0))]
     outs = " ".join(shlex.quote(f"{t.workspace(i)}/artifacts/output") for i in idents)

@@ -100,9 +100,18 @@ def _held(book: PlanBook, name: str, prev: RunStatus | None, ident: str, res, pr
                                   f"rental {r.provider}/{r.id} ({r.offer}) is being provisioned since {iso(since)}",
                                   "Provisioning", identity=ident, kill=stale, retry_after=2.0,
                                   rental=rental_info(r, offer), **base)]
-        if r.host and r.port:
+        if r.host and r.port and not _lost_on(book, prev, ident, r):
             return launch_on(r, f"on rental {r.machine} ({r.offer})")
     return None
+
+
+def _lost_on(book: PlanBook, prev: RunStatus | None, ident: str, r: ObservedRental) -> bool:
+    """The run's previous attempt was on ``r``, which does not answer: its relaunch goes to another
+    machine. A provider may list a dead machine as running for as long as it is paid for, so the
+    relaunch of a run lost there would wait on it for ever; the dead one is swept (``sweep``)."""
+    m = book.world.machines.get(r.machine)
+    return (m is not None and not m.reachable and prev is not None and prev.handle is not None
+            and prev.handle.machine == r.machine and prev.handle.identity not in (None, ident))
 
 
 def _warm(book: PlanBook, res, providers: dict, launch_on: Callable) -> list | None:
@@ -195,6 +204,16 @@ def _release(book: PlanBook, r: ObservedRental, who: str, code: str, why: str):
     return c
 
 
+def _dead_and_replaced(book: PlanBook, r: ObservedRental, final: dict) -> bool:
+    """A rental that does not answer, rented for an attempt its run has replaced (lost there, and
+    relaunched elsewhere: ``_lost_on``): nothing on it can be collected or resumed, and the
+    provider may list it as running for as long as it is paid for."""
+    m = book.world.machines.get(r.machine)
+    p = parse(r.identity)
+    c = final.get(p.name) if p is not None else None
+    return m is not None and not m.reachable and c is not None and c.identity not in (None, r.identity)
+
+
 def _never_ran_on(book: PlanBook, name: str, machine: str) -> bool:
     st = book.previous.get(name)
     return st is None or st.handle is None or st.handle.machine != machine
@@ -259,6 +278,10 @@ def sweep(book: PlanBook, plan, warnings: list[str]) -> list:
         c = current.get(r.identity)
         if c is not None and c.phase not in TERMINAL:
             continue  # provisioned for a run that still wants it (adopted by its placement)
+        if _dead_and_replaced(book, r, final):
+            out.append(_release(book, r, who, "Lost", f"{m} does not answer and {r.identity}, the attempt it was "
+                                "rented for, has been replaced; giving it back"))
+            continue
         if spec is None:
             # Its provider's file is gone: nothing says how long to keep it, so it goes now.
             out.append(_release(book, r, who, "ProviderRemoved", f"{m}: provider {r.provider} is no longer "

@@ -8,6 +8,12 @@ is never mistaken for a checkpoint). The newest copy is all a resume needs: olde
 When the run is relaunched on another machine, the newest copy of its generation is staged with
 the bundle (``inputs/.reconciler/resume/checkpoint-N``) and training resumes from it.
 
+A ``command`` run resumes the same way, by a contract of folders rather than of arguments: it
+writes its checkpoints as ``artifacts/output/checkpoint-N/`` (``trainer_state.json``, or any file
+of that name, written last: the Hugging Face Trainer's layout, which ms-swift also writes), and
+a relaunch of the same generation finds the newest one in ``$RECONCILER_RESUME_DIR``
+(``resume_env``). A run that writes none, or ignores the variable, starts over as before.
+
 This is the small-scale default. A run with a Storage (docs/storage.md) never comes here: its
 machine uploads checkpoints to the bucket itself and a relaunch downloads them from there, so no
 checkpoint byte crosses this host.
@@ -30,6 +36,7 @@ from pathlib import Path
 
 from reconciler.artifacts import safetar
 from reconciler.core.errors import TemporaryError
+from reconciler.core.identity import make, parse
 
 # What the probe reports: a checkpoint folder under the job's artifacts (ms-swift writes
 # artifacts/output/<version>/checkpoint-N), as plain components.
@@ -151,3 +158,26 @@ def stage(saved: Path, bundle: Path, limits: safetar.Limits = safetar.Limits()) 
     if got.truncated:
         raise TemporaryError(f"the saved checkpoint {saved.name} is over the collection limit: not staged")
     return got
+
+
+RESUME_ENV = "RECONCILER_RESUME_DIR"
+DOCKER_BUNDLE = "/bundle"  # where a docker launch mounts the workspace (machines/launchers.py)
+
+
+def previous_attempt(identity: str) -> str | None:
+    """The attempt a relaunch resumes from: the one before it, of the same generation (a new
+    generation is a changed spec, which starts over)."""
+    p = parse(identity)
+    return make(p.name, p.generation, p.attempt - 1) if p is not None and p.attempt > 1 else None
+
+
+def resume_env(resume: str | None, workspace: str, docker: bool) -> dict[str, str]:
+    """``RECONCILER_RESUME_DIR`` for a command run: the checkpoint folder as the run sees it. In a
+    container the workspace is ``/bundle``, and a folder of another workspace (a previous attempt
+    on the same machine) is not mounted: no variable then, and the run starts over."""
+    if not resume:
+        return {}
+    if not docker:
+        return {RESUME_ENV: resume}
+    base = workspace.rstrip("/") + "/"
+    return {RESUME_ENV: DOCKER_BUNDLE + "/" + resume[len(base):]} if resume.startswith(base) else {}

@@ -79,6 +79,7 @@ class FakeCloud:
         # A create that is carried out but whose answer never arrives: [(method, path, how)],
         # how = "drop" (the connection closes: a timeout to the client) or a 5xx status
         self.lose: list[tuple[str, str, str | int]] = []
+        self.ssh_user: str | None = None  # the machines' login (None: the tests' own, TEST_USER)
 
     def limit(self, rate: float, burst: int, method: str | None = None, prefix: str = "") -> None:
         self.limiters.append((method, prefix, Limiter(rate, burst)))
@@ -200,7 +201,8 @@ class FakeCloud:
         if not self.boot_machines:
             record["server"], record["port"] = None, 9  # the discard port: nothing answers there
             return None
-        server = SshServer(self.scratch / f"m-{record['id']}", host=host, port=port)
+        kw = {"user": self.ssh_user} if self.ssh_user else {}
+        server = SshServer(self.scratch / f"m-{record['id']}", host=host, port=port, **kw)
         with open(server.authorized_keys, "a") as fh:
             fh.write(public_key.strip() + "\n")
         server.start()

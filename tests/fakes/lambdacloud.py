@@ -51,6 +51,12 @@ class FakeLambda(FakeCloud):
             self.limit(1.0, 2)  # "about 1 request/s": one call of slack for arrival jitter
             self.limit(1 / 12, 1, "POST", "/api/v1/instance-operations/launch")
 
+    def next_ip(self) -> str:
+        """A loopback address of the instance's own (a long soak may ask for a range of its own)."""
+        ip = f"127.0.0.{self.ip_seq}"
+        self.ip_seq += 1
+        return ip
+
     def set_status(self, iid: str, status: str) -> None:
         self.machines[iid]["status"] = status
 
@@ -80,8 +86,7 @@ class FakeLambda(FakeCloud):
                                    "message": "Not enough capacity to fulfill launch request.",
                                    "suggestion": "Choose a different region or try again later."}}
         iid = uuid.uuid4().hex[:16]
-        ip = f"127.0.0.{self.ip_seq}"
-        self.ip_seq += 1
+        ip = self.next_ip()
         self.machines[iid] = {"id": iid, "name": body.get("name"), "status": "booting", "ip": ip,
                               "ssh_key_names": body["ssh_key_names"], "created": time.time(),
                               "region": {"name": region}, "tags": body.get("tags") or [],
@@ -105,7 +110,7 @@ class FakeLambda(FakeCloud):
             return self._launch(body)
         if p == "/instances" and method == "GET":
             data = []
-            for inst in self.machines.values():
+            for inst in list(self.machines.values()):  # a machine may vanish meanwhile
                 status = self._status(inst)
                 data.append({"id": inst["id"], "name": inst["name"], "status": status,
                              "ip": inst["ip"] if status == "active" else None, "instance_type": inst["instance_type"],

@@ -5,6 +5,7 @@ creates whose answer is lost, terminate twice, 429 with Retry-After, and the liv
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 
@@ -12,7 +13,7 @@ import pytest
 
 from reconciler.core.errors import PermanentError, TemporaryError
 from reconciler.rentals.providers.base import AdapterContext, OfferUnavailable
-from reconciler.rentals.providers.http import ApiClient, TokenBucket
+from reconciler.rentals.providers.http import ApiClient, ApiError, TokenBucket
 from reconciler.rentals.providers.runpod import RunpodAdapter
 from reconciler.spec.models.provider import Offer, Provider
 from reconciler.spec.offers import effective_offers, parse_rental_name, provider_name, rental_name
@@ -226,3 +227,36 @@ def test_a_run_on_a_live_runpod_offer_is_rented_gpu_checked_run_and_given_back(t
     finally:
         w.cleanup()
         fake.close()
+
+
+def test_a_problem_body_shows_its_title_and_detail_not_raw_json(rp) -> None:
+    """RunPod REST v2 errors are problem details ({title, status, detail, errors}): the message
+    says "title: detail" and which field, never the JSON it came in."""
+    fake, a = rp
+    ghost = Offer(id="ghost", resource="NVIDIA Imaginary 1", gpu_type="Imaginary", gpu_count=1, price_per_hour=1.0)
+    with pytest.raises(ApiError) as e:
+        a.provision(NAME, ghost)
+    assert e.value.status == 404
+    assert str(e.value).endswith("HTTP 404: Not Found: gpu type 'NVIDIA Imaginary 1' not found"), str(e.value)
+    assert "{" not in str(e.value)
+    fake.chaos.storm(400, 1, {"Content-Type": "application/problem+json"},
+                     json.dumps({"title": "Bad Request", "status": 400, "detail": "request validation failed",
+                                 "errors": ["$: additional properties 'x' not allowed"]}))
+    with pytest.raises(ApiError, match=r"HTTP 400: Bad Request: request validation failed; "
+                                       r"\$: additional properties 'x' not allowed$"):
+        a.client.request("GET", "/v2/pods")
+
+
+def test_a_hostile_problem_body_is_bounded_and_printable(rp) -> None:
+    """The body is the provider's (or whatever answers in its place): terminal escapes, line
+    breaks and bidirectional overrides never reach a status or a log, and a huge detail is cut."""
+    fake, a = rp
+    fake.chaos.storm(400, 1, {"Content-Type": "application/problem+json"},
+                     json.dumps({"title": "Bad\x1b[2J Request\u202e", "status": 400,
+                                 "detail": "line one\nline two " + "x" * 5000, "errors": [{"nested": "object"}, 7]}))
+    with pytest.raises(ApiError) as e:
+        a.client.request("GET", "/v2/pods")
+    shown = str(e.value).split("HTTP 400: ", 1)[1]
+    assert shown.isprintable() and "\x1b" not in shown and "\u202e" not in shown and "\n" not in shown
+    assert shown.startswith("Bad [2J Request : line one line two xxx") and len(shown) <= 300
+    assert "nested" not in shown  # a structure inside errors is never rendered

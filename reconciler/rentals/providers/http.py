@@ -21,6 +21,7 @@ import urllib.error
 import urllib.request
 from typing import Any, Callable
 
+from reconciler.core.boundary import clean_text
 from reconciler.core.errors import PermanentError, TemporaryError
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE"})
@@ -116,7 +117,9 @@ class ApiClient:
                     raw = resp.read()
                 return json.loads(raw) if raw.strip() else None
             except urllib.error.HTTPError as e:
-                text = e.read().decode("utf-8", "replace")[:500]
+                # Read whole up to a bound, then cut the message: a body cut first is no longer
+                # JSON, and a long detail would turn the error into raw text.
+                text = e.read(ERROR_BODY_LIMIT).decode("utf-8", "replace")
                 if e.code == 404 and ok_missing:
                     return None
                 if e.code == 429:
@@ -164,6 +167,18 @@ def _retry_after(value: str | None) -> float | None:
             return None
 
 
+# What a provider's error may show of itself: its answer is untrusted text (a proxy's HTML page,
+# a hostile or broken API), shown in statuses, plans and logs.
+MESSAGE_LIMIT = 300
+ERROR_BODY_LIMIT = 64 * 1024
+CODE_LIMIT = 100
+
+
+def _text(value: Any) -> str:
+    """A field of an error body as text: strings only (a structure is never rendered)."""
+    return value if isinstance(value, str) else ""
+
+
 def _code(text: str) -> str | None:
     try:
         doc = json.loads(text)
@@ -172,25 +187,36 @@ def _code(text: str) -> str | None:
     if not isinstance(doc, dict):
         return None
     err = doc.get("error")
-    if isinstance(err, dict):
-        return str(err.get("code")) if err.get("code") else None
-    return str(doc["reason"]) if doc.get("reason") else None
+    code = err.get("code") if isinstance(err, dict) else doc.get("reason")
+    return clean_text(_text(code), CODE_LIMIT) or None
 
 
-def _message(text: str) -> str:
-    """The provider's own words: {"error": ..., "reason": ...}, {"error": {"message": ...}}, or text."""
+def _words(text: str) -> str:
+    """The provider's own words in its error body, before they are bounded and made printable."""
     try:
         doc = json.loads(text)
     except ValueError:
-        return text.strip() or "no message"
-    if isinstance(doc, dict):
-        err = doc.get("error")
-        if isinstance(err, dict):
-            return str(err.get("message") or err.get("code") or err)
-        parts = [str(doc[k]) for k in ("error", "reason", "message") if doc.get(k)]
-        if parts:
-            return ": ".join(parts)
-    return text.strip()[:200]
+        return text
+    if not isinstance(doc, dict):
+        return text
+    err = doc.get("error")
+    if isinstance(err, dict):  # Lambda: {"error": {"code", "message", "suggestion"}}
+        return _text(err.get("message")) or _text(err.get("code")) or "an error without a message"
+    if "title" in doc or "detail" in doc:
+        # RFC 9457 problem details, RunPod REST v2's ErrorResponse {title, status, detail, errors}
+        # (github.com/runpod/docs api-reference-v2/openapi.json): "title: detail", then the
+        # validation errors that say which field.
+        errors = [_text(e) for e in doc.get("errors") or [] if _text(e)] if isinstance(doc.get("errors"), list) else []
+        head = ": ".join(x for x in (_text(doc.get("title")), _text(doc.get("detail"))) if x)
+        return "; ".join([head, *errors[:3]] if head else errors[:3]) or text
+    # Targon: {"error", "reason"}; others: {"message"}
+    parts = [_text(doc.get(k)) for k in ("error", "reason", "message") if _text(doc.get(k))]
+    return ": ".join(parts) if parts else text
+
+
+def _message(text: str) -> str:
+    """The provider's own words, printable and at most MESSAGE_LIMIT characters."""
+    return clean_text(_words(text), MESSAGE_LIMIT) or "no message"
 
 
 class HttpAdapter:

@@ -113,6 +113,17 @@ class LocalAdapter:
         with self._locked():
             self._destroy(rental_id)
 
+    def crash(self, rental_id: str) -> None:
+        """The machine dies (its sshd and everything it ran) while the provider still lists it
+        running: only the reconciler's unreachable grace can tell that from a slow network."""
+        with self._locked():
+            d = self.state / rental_id
+            if not rental_id.startswith("lr-") or "/" in rental_id or not d.is_dir():
+                return
+            meta = json.loads((d / "meta.json").read_text())
+            _stop_sshds(d, (meta["sshd_pid"],) if isinstance(meta.get("sshd_pid"), int) else ())
+            self._kill_processes(meta)
+
     # ------------------------------------------------------------------ internals
 
     @contextmanager
@@ -236,18 +247,23 @@ class LocalAdapter:
         # The sshd in meta.json and any that a killed process started and never recorded there, each
         # only while it is still this rental's: a pid from an old meta.json may name another process.
         _stop_sshds(d, (meta["sshd_pid"],) if isinstance(meta.get("sshd_pid"), int) else ())
+        self._kill_processes(meta)
         user = meta.get("user")
         if self.root_mode and user and user.startswith("rcl"):
-            # Everything the rental ran dies with it, as on a machine that is switched off.
+            subprocess.run(["userdel", "-r", "-f", user], capture_output=True, env=procenv.base())
+        shutil.rmtree(d, ignore_errors=True)
+
+    def _kill_processes(self, meta: dict) -> None:
+        """Everything the rental ran dies with it, as on a machine that is switched off."""
+        user = meta.get("user")
+        if self.root_mode and user and user.startswith("rcl"):
             subprocess.run(["pkill", "-KILL", "-u", user], capture_output=True, env=procenv.base())
             for _ in range(50):
                 if subprocess.run(["pgrep", "-u", user], capture_output=True, env=procenv.base()).returncode != 0:
                     break
                 time.sleep(0.05)
-            subprocess.run(["userdel", "-r", "-f", user], capture_output=True, env=procenv.base())
         elif meta.get("workspace_root"):
             _kill_workspace_processes(meta["workspace_root"])
-        shutil.rmtree(d, ignore_errors=True)
 
     def _rental(self, meta: dict) -> Rental:
         return Rental(id=meta["id"], name=meta["name"], state=meta["state"], host=meta.get("host"),
