@@ -38,6 +38,12 @@ land on are the machine's own):
   ``tests/infra`` server, logging in as ``rcsoak``; needs root), half of the runs placed there, and
   an sshd stopped now and then for 1-5 s (its processes keep running; within the unreachable grace,
   so a run there is waited for, not declared lost);
+- with ``--slurm``: a Slurm cluster (the ``tests/infra`` one: munged, slurmctld and two slurmd on
+  this machine; needs root) behind a ``slurm-host`` template that half of the runs use; now and
+  then one of their jobs, queued or running, is cancelled with ``scancel`` from outside the
+  reconciler (as root, the cluster's admin), or its job step's processes are killed with
+  ``kill -9``; a job Slurm still holds (``squeue``: pending, configuring, running, completing,
+  suspended) counts as alive for the attempts sampler, processes or none;
 - spec edits (the command's argv, so the digest changes), additions, removals,
   ``desiredState: Stopped`` flips and back, and corruption (invalid YAML or an unknown key),
   fixed a few seconds later by restoring the previous valid text;
@@ -50,7 +56,7 @@ thread follows origin and the daemons' logs, and the attempts sampler reads ever
 
 - ``two_attempts``: at any sampled moment, processes of two instances of one run alive at once
   (two identities, or one identity in two workspaces), in any session or process group, for any
-  time at all. The design stops the old attempt, and confirms it gone, before it starts the next;
+  time at all (with ``--slurm``, a job Slurm still holds counts as alive, queued or not). The design stops the old attempt, and confirms it gone, before it starts the next;
 
 - ``double_run``: two live process groups of one run (any identities) for longer than
   ``FENCE_WINDOW``. The design replaces an instance only after the old one is stopped, in the same
@@ -200,6 +206,13 @@ FAULTS = {
     "kill_daemon": 0.5, "kill_after_pass": 0.5, "rollout_crash": 0.4, "race_push": 0.8,
 }
 SSH_FAULTS = {"stop_sshd": 0.6}  # added with SSH machines
+SLURM_FAULTS = {"scancel_job": 0.5, "kill_slurm_step": 0.5}  # added with a Slurm cluster
+# The job states in which Slurm still holds a job: an attempt in any of them is alive (squeue(1)'s
+# JOB STATE CODES; COMPLETING: its processes are being ended).
+SLURM_ALIVE = "PENDING,CONFIGURING,RUNNING,COMPLETING,SUSPENDED"
+SLURM_EVERY = 0.25  # how often the queue is read (a sampled overlap is confirmed by a fresh read)
+# A job's name is rcl-<namespace>-<identity> (docs/slurm.md); the soak's runs are soak-NN.
+SLURM_JOB = re.compile(r"-(?P<ident>soak-[0-9]+-g[0-9]+-a[0-9]+)$")
 
 SSH_TEMPLATE = """\
 apiVersion: reconciler/v1
@@ -213,6 +226,17 @@ defaults:
   runtime_env: {RECONCILER_GPU_SAMPLER: "0"}
 allow_overrides: [resources, runtime_env]
 """
+
+def slurm_template(root: str, env: dict[str, str]) -> str:
+    """The soak's Slurm template: this machine as the login host, workspaces on the shared folder."""
+    return yaml.safe_dump({
+        "apiVersion": "reconciler/v1", "kind": "ExecutionTemplate", "id": "slurm-host",
+        "description": "The soak's Slurm cluster (tests/infra/slurm.py), host processes.",
+        "placement": {"kind": "slurm", "slurm": {"login": "local", "workspace_root": root, "partition": "debug",
+                                                 "env": env}},
+        "launch_mode": {"kind": "host_process"}, "defaults": {"runtime_env": {"RECONCILER_GPU_SAMPLER": "0"}},
+        "allow_overrides": ["resources", "runtime_env"]}, sort_keys=False)
+
 
 TEMPLATE = """\
 apiVersion: reconciler/v1
@@ -263,12 +287,15 @@ class JobSpec:
 EXIT_CODES = (0, 0, 1, 3, 7)  # two in five runs succeed
 
 
-def random_spec(rng: random.Random, name: str, sleep: tuple[int, int], ssh: bool = False) -> JobSpec:
+def random_spec(rng: random.Random, name: str, sleep: tuple[int, int], ssh: bool = False,
+                slurm: bool = False) -> JobSpec:
     spec = JobSpec(name, sleep=rng.randint(*sleep), exit_code=rng.choice(EXIT_CODES), retries=rng.randint(0, 2),
                    backoff=rng.choice([0.5, 1, 2]))
     if ssh:  # drawn only with SSH machines, so that a seed without them gives the same runs as before
         spec.template = rng.choice(["local-host", "ssh-host"])
         spec.worker = rng.random() < 0.4
+    if slurm and rng.random() < 0.5:  # the same: drawn only with a Slurm cluster
+        spec.template = "slurm-host"
     return spec
 
 
@@ -413,6 +440,47 @@ def result_of(workspace: str | None) -> dict | None:
 # ---------------------------------------------------------------- daemon logs
 
 
+class SlurmQueue(threading.Thread):
+    """The soak's jobs Slurm still holds, read with squeue every ``SLURM_EVERY`` s: "IDENTITY
+    WORKDIR" (the key the attempts sampler gives a process: a job's work dir is its workspace, the
+    wrapper's RECONCILER_BUNDLE) → (job id, state). A queued job has no process, yet it is an attempt
+    that will run: it counts as alive."""
+
+    def __init__(self, env: dict[str, str]):
+        super().__init__(name="soak-squeue", daemon=True)
+        self.env = {**os.environ, **env}
+        self.snapshot: dict[str, tuple[str, str]] = {}
+        self.halt = threading.Event()
+        self.polls = self.failures = 0
+        self.seen: set[str] = set()
+
+    def read(self) -> dict[str, tuple[str, str]] | None:
+        try:
+            r = subprocess.run(["squeue", "-h", "-t", SLURM_ALIVE, "-o", "%i|%j|%T|%Z"], env=self.env,
+                               capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            r = None
+        if r is None or r.returncode != 0:
+            self.failures += 1
+            return None
+        jobs = {}
+        for line in r.stdout.splitlines():
+            parts = line.split("|")
+            m = SLURM_JOB.search(parts[1]) if len(parts) == 4 else None
+            if m:
+                jobs[f"{m['ident']} {parts[3].rstrip('/')}"] = (parts[0], parts[2])
+        return jobs
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            jobs = self.read()
+            if jobs is not None:
+                self.snapshot = jobs
+                self.polls += 1
+                self.seen.update(jobs)
+            self.halt.wait(SLURM_EVERY)
+
+
 class AttemptsSampler(threading.Thread):
     """Every ``ATTEMPTS_EVERY`` s: which attempts of each run (``RECONCILER_IDENTITY`` values) have
     a live process under the soak's workspace roots, in any session or process group. Any moment
@@ -423,8 +491,9 @@ class AttemptsSampler(threading.Thread):
     the process is young and has none (a fork of the daemon becomes a wrapper when it execs). An
     overlap is confirmed by reading the processes involved afresh."""
 
-    def __init__(self, roots: list[str], ignore, down, report):
+    def __init__(self, roots: list[str], ignore, down, report, queue: SlurmQueue | None = None):
         super().__init__(name="soak-attempts", daemon=True)
+        self.queue = queue
         self.prefixes = tuple(b"\0RECONCILER_BUNDLE=" + (r.rstrip("/") + "/").encode() for r in roots)
         self.ignore, self.down, self.report = ignore, down, report
         self.halt = threading.Event()
@@ -475,10 +544,20 @@ class AttemptsSampler(threading.Thread):
             if cached is not None:
                 by_run.setdefault(run_name(cached.split(" ", 1)[0]), {}).setdefault(cached, []).append(key[0])
         self.cache = {k: v for k, v in self.cache.items() if k in seen}
+        if self.queue is not None:  # a job Slurm holds, with or without a process here yet
+            for key in self.queue.snapshot:
+                ident = key.split(" ", 1)[0]
+                if not self.ignore(ident):
+                    by_run.setdefault(run_name(ident), {}).setdefault(key, [])
         return by_run
 
     def confirmed(self, idents: dict[str, list[int]]) -> set[str]:
-        return {i for i, pids in idents.items() if any(self.identity(p) == i for p in pids)}
+        alive = {i for i, pids in idents.items() if any(self.identity(p) == i for p in pids)}
+        queued = [i for i in idents if i not in alive]
+        if queued and self.queue is not None:  # read afresh: the snapshot may be SLURM_EVERY old
+            jobs = self.queue.read() or {}
+            alive |= {i for i in queued if i in jobs}
+        return alive
 
     def run(self) -> None:
         last = None
@@ -596,6 +675,7 @@ class Options:
     progress: bool = True
     source: Path = ROOT  # the reconciler source tree the daemon runs
     ssh: int = 0  # SSH machines (sshd on loopback, tests/infra/sshd.py) besides this one
+    slurm: bool = False  # a Slurm cluster (tests/infra/slurm.py) besides them
 
 
 class Soak:
@@ -659,6 +739,14 @@ class Soak:
         self.planted_identities: set[str] = set()
         self.attempts: AttemptsSampler | None = None
 
+        # The Slurm cluster: its folder, the workspace root on its shared folder, its queue, and the
+        # identities whose job was cancelled from outside (an admin's scancel ends a run for good)
+        self.cluster = None
+        self.slurm_base: str | None = None
+        self.slurm_root: str | None = None
+        self.queue: SlurmQueue | None = None
+        self.scancelled: set[str] = set()
+
         self.figures: Counter = Counter()
         self.violations: Counter = Counter({k: 0 for k in VIOLATION_KINDS})
         self.details: list[str] = []
@@ -682,7 +770,7 @@ class Soak:
 
     @property
     def roots(self) -> list[str]:
-        return [self.ws_root, *self.ssh_roots]
+        return [self.ws_root, *self.ssh_roots, *([self.slurm_root] if self.slurm_root else [])]
 
     def start_sshds(self) -> str:
         """Start the SSH machines; the fleet spec that names them."""
@@ -707,6 +795,26 @@ class Soak:
         return yaml.safe_dump({"apiVersion": "reconciler/v1", "kind": "Fleet", "metadata": {"name": "soak"},
                                "spec": {"machines": machines}}, sort_keys=False)
 
+    def start_slurm(self) -> str:
+        """Start the Slurm cluster as the test suite's fixture does; the template that submits to it."""
+        if os.geteuid() != 0:
+            raise HarnessError("--slurm needs root: munged --force and the GPU devices' mknod")
+        sys.path.insert(0, str(ROOT))
+        try:
+            from tests.infra.slurm import SlurmCluster, available
+        except ImportError as e:
+            raise HarnessError(f"--slurm needs the test infrastructure (tests/infra): {e}") from e
+        why = available()
+        if why:
+            raise HarnessError(f"--slurm: {why}")
+        self.slurm_base = tempfile.mkdtemp(prefix="rc-soak-slurm-", dir="/tmp")
+        os.chmod(self.slurm_base, 0o755)
+        self.cluster = SlurmCluster(Path(self.slurm_base)).start()
+        self.slurm_root = str(self.cluster.shared / "soak")
+        self.queue = SlurmQueue(self.cluster.env)
+        self.queue.start()
+        return slurm_template(self.slurm_root, self.cluster.env)
+
     def setup(self) -> None:
         g = self.git
         g(self.work, "init", "-q", "--bare", "-b", "main", str(self.origin))
@@ -718,10 +826,12 @@ class Soak:
             (self.user / "execution_templates" / "ssh-host.yaml").write_text(SSH_TEMPLATE)
             (self.user / "specs" / "fleets").mkdir()
             (self.user / "specs" / "fleets" / "soak.yaml").write_text(self.start_sshds())
+        if self.opts.slurm:
+            (self.user / "execution_templates" / "slurm-host.yaml").write_text(self.start_slurm())
         (self.user / ".gitignore").write_text(".reconciler/\n")
         changes = {}
         for _ in range(self.opts.initial_runs):
-            spec = random_spec(self.rng, self.new_name(), self.opts.sleep, bool(self.opts.ssh))
+            spec = random_spec(self.rng, self.new_name(), self.opts.sleep, bool(self.opts.ssh), self.opts.slurm)
             changes[spec.name] = self.write_spec(spec)
         self.commit_and_push("initial runs", changes)
 
@@ -924,7 +1034,17 @@ class Soak:
             return  # the same instance, seen again
         self.seen_identities.add(g.identity)
         self.digests[g.identity] = job_digest(g.workspace)
-        self.launched.append((g, now))
+        self.launched.append((g, self.submitted_at(g) or now))
+
+    def submitted_at(self, g: Group) -> float | None:
+        """When a Slurm job was submitted (runtime/launched_at): it may start long after."""
+        if not (self.slurm_root and g.workspace and g.workspace.startswith(self.slurm_root + "/")):
+            return None
+        raw = _read(os.path.join(g.workspace, "runtime", "launched_at"), 64)
+        try:
+            return float(raw) + 1.0 if raw else None  # whole seconds (date +%s): the submit came within the next
+        except ValueError:
+            return None
 
     def check_launches(self, now: float) -> None:
         """A new instance must run a spec origin asked for just before it started. Checked a moment
@@ -1200,7 +1320,7 @@ class Soak:
     def do_add(self) -> None:
         if len(self.candidates()) + len(self.corrupt) >= self.opts.max_runs:
             return self.do_edit()
-        spec = random_spec(self.rng, self.new_name(), self.opts.sleep, bool(self.opts.ssh))
+        spec = random_spec(self.rng, self.new_name(), self.opts.sleep, bool(self.opts.ssh), self.opts.slurm)
         self.commit_and_push(f"add {spec.name}", {spec.name: self.write_spec(spec)})
         self.figures["spec_additions"] += 1
 
@@ -1272,6 +1392,34 @@ class Soak:
                 self.sshds[i].start()
                 with self.lock:
                     del self.sshd_back_at[i]
+
+    def do_scancel_job(self) -> None:
+        """Someone other than the reconciler cancels one of the soak's jobs, queued or running."""
+        jobs = sorted((self.queue.read() or {}).items()) if self.queue is not None else []
+        jobs = [(k, v) for k, v in jobs if k.split(" ", 1)[0] not in self.planted_identities]
+        if not jobs:
+            return
+        key, (job, _) = self.rng.choice(jobs)
+        ident = key.split(" ", 1)[0]
+        with self.lock:
+            self.killed_here.add(ident)
+            self.scancelled.add(ident)
+        self.cluster.command("scancel", job, check=False)
+        self.figures["scancels"] += 1
+
+    def do_kill_slurm_step(self) -> None:
+        """kill -9 of a running Slurm job's step: its process group on the node."""
+        groups = [g for g in self.live_groups() if g.workspace and g.workspace.startswith(self.slurm_root + "/")]
+        if not groups:
+            return
+        g = self.rng.choice(groups)
+        with self.lock:
+            self.killed_here.add(g.identity)
+        try:
+            os.killpg(g.pgid, signal.SIGKILL)
+            self.figures["slurm_step_kills"] += 1
+        except ProcessLookupError:
+            pass
 
     def do_kill_daemon(self) -> None:
         if self.daemon_alive():
@@ -1364,7 +1512,7 @@ class Soak:
         plants = list(self.opts.plant)
         plant_at = time.time() + min(5.0, seconds / 3)
         next_progress = time.time() + 15
-        faults = {**FAULTS, **(SSH_FAULTS if self.sshds else {})}
+        faults = {**FAULTS, **(SSH_FAULTS if self.sshds else {}), **(SLURM_FAULTS if self.cluster else {})}
         while time.time() < deadline:
             self.tend_daemon()
             self.tend_sshds()
@@ -1425,6 +1573,7 @@ class Soak:
         with self.lock:
             killed, stopped = set(self.killed_here), set(self.stopped_by_reconciler)
             seen = {run_name(i) for i in self.seen_identities}
+            scancelled = set(self.scancelled)
         for name in sorted(self.timeline):
             d = self.desired_now(name)
             st = self.origin_status(name)
@@ -1443,11 +1592,11 @@ class Soak:
                     continue  # it had finished before the stop
                 problems.append(f"{name}: desiredState Stopped, but its phase is {phase}")
             else:
-                problems.extend(self.finished_problems(name, d, st, killed, stopped))
+                problems.extend(self.finished_problems(name, d, st, killed, stopped, scancelled))
         return problems
 
     def finished_problems(self, name: str, d: Desired, st: dict | None, killed: set[str],
-                          stopped: set[str]) -> list[str]:
+                          stopped: set[str], scancelled: set[str] = frozenset()) -> list[str]:
         spec = d.spec
         if st is None:
             return [f"{name}: no status on origin"]
@@ -1467,11 +1616,15 @@ class Soak:
             if att > 1 + len(interrupted):
                 return [f"{name}: Succeeded on attempt {att}, but only {len(interrupted)} attempt(s) were interrupted"]
             return []
+        if ident in scancelled:
+            return []  # an admin's scancel ends the run for good, whatever retries are left (docs/slurm.md)
         if att != spec.retries + 1:
             return [f"{name}: Failed after {att} attempt(s) with maxRetries {spec.retries} ({want})"]
         # A last attempt killed here is lost (no exit code), one stopped by the reconciler exits 143 or
         # 137; either may have finished by itself just before.
         allowed = {spec.exit_code, None, 137, 143} if last_interrupted else {spec.exit_code}
+        if last_interrupted and spec.template == "slurm-host":
+            allowed.add(code)  # Slurm reports a killed step by its signal, in its own words
         if code not in allowed:
             return [f"{name}: Failed with exit {code}, the command exits {spec.exit_code} ({want})"]
         if spec.exit_code == 0 and not last_interrupted:
@@ -1495,13 +1648,20 @@ class Soak:
             server.close()
         if self.remote_tmp:
             shutil.rmtree(self.remote_tmp, ignore_errors=True)
+        if self.queue is not None:
+            self.queue.halt.set()
+        if self.cluster is not None:
+            self.cluster.close()  # cancels every job first
+            kill_carriers(self.roots)
+        if self.slurm_base:
+            shutil.rmtree(self.slurm_base, ignore_errors=True)
 
     def run(self) -> dict:
         referee = threading.Thread(target=self.referee, name="soak-referee", daemon=True)
         try:
             self.setup()
             self.attempts = AttemptsSampler(self.roots, lambda i: i in self.planted_identities,
-                                            lambda: bool(self.sshd_back_at), self.on_overlap)
+                                            lambda: bool(self.sshd_back_at), self.on_overlap, self.queue)
             self.attempts.start()
             self.start_daemon(fresh=True)
             referee.start()
@@ -1577,6 +1737,11 @@ class Soak:
             "planted": {k.removeprefix("planted_"): v for k, v in f.items() if k.startswith("planted_")},
             "attempts": self.attempts.figures() if self.attempts is not None else {},
             "ssh": {"machines": len(self.sshds), "sshd_stops": f["sshd_stops"]},
+            "slurm": {"cluster": self.cluster is not None, "scancels": f["scancels"],
+                      "step_kills": f["slurm_step_kills"],
+                      "jobs_seen": len(self.queue.seen) if self.queue is not None else 0,
+                      "queue_reads": self.queue.polls if self.queue is not None else 0,
+                      "queue_read_failures": self.queue.failures if self.queue is not None else 0},
             "violations": dict(self.violations),
             "violation_count": sum(self.violations.values()),
             "details": self.details[:200],
@@ -1620,6 +1785,11 @@ def print_text(r: dict) -> None:
               f"{at['longest_overlap_s']} s, {at['during_outage']} while an SSH machine was down)")
     if r["ssh"]["machines"]:
         print(f"ssh:        {r['ssh']['machines']} machines (sshd on loopback), {r['ssh']['sshd_stops']} sshd stops")
+    sl = r.get("slurm") or {}
+    if sl.get("cluster"):
+        print(f"slurm:      {sl['jobs_seen']} jobs seen in the queue ({sl['queue_reads']} reads, "
+              f"{sl['queue_read_failures']} failed); {sl['scancels']} scancels from outside, "
+              f"{sl['step_kills']} job steps killed with kill -9")
     if r["planted"]:
         print("planted:    " + ", ".join(f"{k2} {v}" for k2, v in r["planted"].items()))
     print(f"violations: {r['violation_count']}  (" + ", ".join(f"{k2} {v}" for k2, v in r["violations"].items()) + ")")
@@ -1643,6 +1813,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     ap.add_argument("--ssh", type=int, default=0, metavar="N",
                     help="also N SSH machines (sshd on loopback; needs root), stopped now and then")
+    ap.add_argument("--slurm", action="store_true",
+                    help="also a Slurm cluster on this machine (tests/infra/slurm.py; needs root) that half "
+                         "of the runs are submitted to; jobs cancelled and job steps killed now and then")
     ap.add_argument("--source", type=Path, default=ROOT,
                     help="the reconciler source tree the daemon runs (default: this checkout); e.g. an older "
                          "commit unpacked with `git archive COMMIT | tar -x -C DIR`")
@@ -1657,7 +1830,7 @@ def main(argv: list[str] | None = None) -> int:
                         initial_runs=args.runs, max_runs=args.max_runs, sleep=sleep,
                         converge_timeout=args.converge_timeout,
                         plant=tuple(args.plant), progress=not args.quiet, source=args.source.resolve(),
-                        ssh=args.ssh))
+                        ssh=args.ssh, slurm=args.slurm))
 
     def interrupted(signum, frame):  # noqa: ARG001 - SIGTERM ends the soak like Ctrl-C does
         raise KeyboardInterrupt

@@ -161,13 +161,16 @@ def _account(uid: int) -> str:
         return ""
 
 
-def processes_with(text: str, under: int | None = None) -> list[int]:
+def processes_with(text: str, under: int | None = None, within=None) -> list[int]:
     """Live pids whose environment or command line mentions ``text`` (this process excluded, and
     those of another test worker's account). ``under``: only descendants of that pid, so that a
-    test looks at the processes it started and not at another suite's running beside it."""
+    test looks at the processes it started and not at another suite's running beside it.
+    ``within``: a folder (or several): only processes that also name it beside ``text`` (a run's
+    wrapper exports its workspace as RECONCILER_BUNDLE), for processes that left every parent."""
     from tests.infra._proc import descendants
 
     needle = text.encode()
+    places = [str(p).encode() for p in ([within] if isinstance(within, (str, Path)) else within or [])]
     mine = set(descendants(under)) if under is not None else None
     pids = []
     for pid, _ in _live_processes():
@@ -176,7 +179,8 @@ def processes_with(text: str, under: int | None = None) -> list[int]:
         for part in ("cmdline", "environ"):
             try:
                 with open(f"/proc/{pid}/{part}", "rb") as fh:
-                    if needle in fh.read():
+                    data = fh.read()
+                    if needle in data and (not places or any(p in data for p in places)):
                         pids.append(pid)
                         break
             except OSError:

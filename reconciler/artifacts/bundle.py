@@ -30,7 +30,7 @@ from reconciler.tasks import RenderContext, env_lines, render
 
 SCHEMA_VERSION = "v1"
 RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime"
-SHIPPED_SCRIPTS = ("launch.sh", "gpu_sampler.py", "precheck.py",
+SHIPPED_SCRIPTS = ("launch.sh", "gpu_sampler.py", "precheck.py", "precheck_gpus.py", "log_stamp.py",
                    # uploads to the run's Storage, machine to bucket (used when scripts/storage.json is there)
                    "storage_sync.py", "storage_fetch.py", "storage_common.py")
 CONTENT_DIRS = ("inputs", "scripts")

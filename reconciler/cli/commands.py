@@ -410,4 +410,5 @@ def cmd_logs(args: argparse.Namespace) -> int:
     if statuses.load_one(cfg.repo / "status", args.name) is None:
         raise no_such_run(args.name, status_names(cfg))
     return follow_logs(cfg, args.name, args.stream, args.lines, args.follow, as_json=args.json,
-                       raw=True if getattr(args, "raw", False) else None)
+                       raw=True if getattr(args, "raw", False) else None,
+                       timestamps=getattr(args, "timestamps", False))

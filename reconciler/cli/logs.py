@@ -13,6 +13,10 @@ one stopped, whatever the job writes in between. The first read shows the last `
 
 ``--json`` prints one JSON object per line, ``{"stream": "stdout"|"stderr", "line": TEXT}``, TEXT
 without its newline; a line still being written is printed once it is complete (or the run ends).
+
+Both streams (the default) are interleaved in the order their lines were written when the run
+keeps ``artifacts/logs.index`` (``logs_merge.py``; read like the logs, parsed by
+``core/logindex.py``); a run without one prints stdout, then stderr, as before.
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ from reconciler.core.errors import ReconcilerError
 from reconciler.core.names import LOCAL
 from reconciler.spec.load import load_tree
 from reconciler.machines.pool import recorded_pool
+
+from .logs_merge import Merger, stamp
+from reconciler.core.logindex import MAX_INDEX_BYTES, LogIndex
 
 STREAMS = {"stdout": ["artifacts/stdout.log"], "stderr": ["artifacts/stderr.log"],
            "both": ["artifacts/stdout.log", "artifacts/stderr.log"]}
@@ -159,6 +166,9 @@ class _Terminal:
         sys.stdout.write(escape_for_terminal(dec.decode(data, final)))
         sys.stdout.flush()
 
+    def prefix(self, head: bytes) -> None:  # a line's label and time: ASCII the reconciler wrote
+        sys.stdout.write(head.decode("ascii"))
+
 
 class _Raw:
     """The bytes as the job wrote them."""
@@ -168,15 +178,20 @@ class _Raw:
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
 
+    def prefix(self, head: bytes) -> None:
+        sys.stdout.flush()
+        sys.stdout.buffer.write(head)
+
 
 class _JsonLines:
     """Bytes read from each stream → one ``{"stream", "line"}`` object per complete line."""
 
-    def __init__(self) -> None:
+    def __init__(self, timestamps: bool = False) -> None:
         self.partial: dict[str, str] = {}
         self.decoders: dict[str, codecs.IncrementalDecoder] = {}
+        self.timestamps = timestamps
 
-    def write(self, stream: str, data: bytes | str, final: bool) -> None:
+    def write(self, stream: str, data: bytes | str, final: bool, when: float | None = None) -> None:
         if isinstance(data, str):
             data = data.encode("utf-8", "surrogateescape")
         dec = self.decoders.setdefault(stream, codecs.getincrementaldecoder("utf-8")("replace"))
@@ -188,7 +203,10 @@ class _JsonLines:
         elif rest:
             self.partial[stream] = rest
         for line in pieces:
-            sys.stdout.write(json.dumps({"stream": stream, "line": line}, ensure_ascii=False) + "\n")
+            row = {"stream": stream, "line": line}
+            if self.timestamps:  # the merged reading's time of the line (logs_merge), null when unknown
+                row["time"] = stamp(when).decode().strip() if when is not None else None
+            sys.stdout.write(json.dumps(row, ensure_ascii=False) + "\n")
         sys.stdout.flush()
 
     def flush(self) -> None:
@@ -221,9 +239,10 @@ class _Source:
 
 
 def follow_logs(cfg: Config, name: str, stream: str, lines: int, follow: bool, interval: float = 0.5,
-                as_json: bool = False, raw: bool | None = None) -> int:
+                as_json: bool = False, raw: bool | None = None, timestamps: bool = False) -> int:
     """``raw``: write the bytes as they are; None: only when stdout is not a terminal (a pipe or a
-    file gets the exact log, a terminal the log with its control characters escaped)."""
+    file gets the exact log, a terminal the log with its control characters escaped).
+    ``timestamps``: each line's time, from the run's log index (both streams only)."""
     st = statuses.load_all(cfg.repo / "status").get(name)
     if st is None or st.handle is None or not st.handle.workspace:
         print(f"reconcile logs: run {name!r} has not been launched (no status handle)", file=sys.stderr)
@@ -246,7 +265,19 @@ def follow_logs(cfg: Config, name: str, stream: str, lines: int, follow: bool, i
             src.machine, src.ws = LOCAL, str(collected)
         src.t = pool.get(src.machine) if src.machine != LOCAL else None
         src.offsets = {f: None for f in STREAMS[stream]}
-        out = _JsonLines() if as_json else _Raw() if raw else _Terminal()
+        out = _JsonLines(timestamps) if as_json else _Raw() if raw else _Terminal()
+        if stream == "both":
+            index = LogIndex()
+            rc = _read_index(src, index, st.handle.identity)
+            if rc is not None:
+                return rc
+            if index.present:
+                merger = Merger(out, index, labels=not raw and not as_json, timestamps=timestamps)
+                return _follow_merged(src, merger, follow, interval, st.handle.identity)
+        if timestamps:
+            print("reconcile logs: no times to show: " + ("they are kept for both streams together (--stream "
+                  "both)" if stream != "both" else "this run's logs have no index (a version before it, or no "
+                  "python on the machine)"), file=sys.stderr)
 
         while True:
             first_done = None
@@ -269,6 +300,24 @@ def follow_logs(cfg: Config, name: str, stream: str, lines: int, follow: bool, i
         pool.close()
 
 
+def _fetch(src: _Source, f: str, identity: str | None) -> tuple[int | None, list[str], bytes]:
+    """One read of ``f`` (from the collected copy once the workspace is gone); an exit status
+    when the logs cannot be read."""
+    header, body = src.read(f)
+    if header[:1] == ["nobase64"]:
+        print(f"reconcile logs: {src.machine} has no base64 command (coreutils), which reading "
+              "a log there needs", file=sys.stderr)
+        return 1, header, body
+    if header[:1] == ["gone"]:
+        if not src.has_copy():
+            print(f"reconcile logs: the workspace of {identity} is gone from {src.machine}",
+                  file=sys.stderr)
+            return 1, header, body
+        src.machine, src.ws, src.t = LOCAL, str(src.collected), None  # removed after collection
+        header, body = src.read(f)
+    return None, header, body
+
+
 def _read_file(src: _Source, f: str, out, follow: bool, identity: str | None) -> tuple[int | None, bool]:
     """One round's read of one log file, in pieces of at most READ_BYTES up to the size the first
     piece saw. Return an exit status when the logs cannot be read (None: go on), and whether the
@@ -276,18 +325,9 @@ def _read_file(src: _Source, f: str, out, follow: bool, identity: str | None) ->
     target = None
     first_done = None
     while True:
-        header, body = src.read(f)
-        if header[:1] == ["nobase64"]:
-            print(f"reconcile logs: {src.machine} has no base64 command (coreutils), which reading "
-                  "a log there needs", file=sys.stderr)
-            return 1, False
-        if header[:1] == ["gone"]:
-            if not src.has_copy():
-                print(f"reconcile logs: the workspace of {identity} is gone from {src.machine}",
-                      file=sys.stderr)
-                return 1, False
-            src.machine, src.ws, src.t = LOCAL, str(src.collected), None  # removed after collection
-            header, body = src.read(f)
+        rc, header, body = _fetch(src, f, identity)
+        if rc is not None:
+            return rc, False
         size, done, start, count, total = (header + ["", "", "", "", ""])[:5]
         if first_done is None:
             first_done = done == "1"
@@ -320,3 +360,69 @@ def _first_lines(body: bytes, lines: int, cut: bool, total: str, f: str) -> byte
         print(f"reconcile logs: showing the last {shown} lines{more} of {total} of "
               f"{f.rsplit('/', 1)[-1]}; use --lines 0 for all", file=sys.stderr)
     return body
+
+
+INDEX = "artifacts/logs.index"
+
+
+def _read_index(src: _Source, index: LogIndex, identity: str | None) -> int | None:
+    """What the index holds beyond what was read of it (at most ``logindex.MAX_INDEX_BYTES`` in
+    all); an exit status when the logs cannot be read."""
+    src.offsets.setdefault(INDEX, 0)
+    while True:
+        rc, header, body = _fetch(src, INDEX, identity)
+        if rc is not None:
+            return rc
+        size, _, start, count = (header + ["", "", "", ""])[:4]
+        if not (size.isdigit() and start.isdigit() and count.isdigit()) or len(body) != int(count):
+            return None  # cut short: read again next time
+        if int(start) != src.offsets[INDEX]:
+            return None  # the index shrank: it is not the one read so far; keep what was read
+        index.feed(body)
+        src.offsets[INDEX] = int(start) + len(body)
+        if not body or src.offsets[INDEX] >= int(size) or index.read >= MAX_INDEX_BYTES:
+            return None
+
+
+def _read_piece(src: _Source, f: str, merger: Merger, targets: dict, identity: str | None):
+    """One piece of one log into ``merger``: (exit status or None, the run had its result before
+    it, this log has nothing more to read this round)."""
+    rc, header, body = _fetch(src, f, identity)
+    if rc is not None:
+        return rc, False, True
+    size, done, start, count, total = (header + ["", "", "", "", ""])[:5]
+    if not (size.isdigit() and start.isdigit() and count.isdigit()) or len(body) != int(count):
+        return None, done == "1", True  # cut short: read again from the same offset next round
+    got = len(body)
+    if src.offsets[f] is None and src.lines > 0:
+        body = _first_lines(body, src.lines, int(start) > 0, total, f)
+    name = f.rsplit("/", 1)[-1].removesuffix(".log")
+    merger.feed(name, int(start) + got - len(body), body, int(size))
+    src.offsets[f] = int(start) + got
+    targets.setdefault(f, int(size))
+    return None, done == "1", not got or src.offsets[f] >= min(int(size), targets[f])
+
+
+def _follow_merged(src: _Source, merger: Merger, follow: bool, interval: float, identity: str | None) -> int:
+    """Both logs, a piece of each in turn, printed in the order their lines were written."""
+    files = STREAMS["both"]
+    while True:
+        targets: dict = {}
+        caught = {f: False for f in files}
+        first_done = None
+        while not all(caught.values()):
+            for f in files:
+                if caught[f]:
+                    continue
+                rc, done, caught[f] = _read_piece(src, f, merger, targets, identity)
+                if rc is not None:
+                    return rc
+                first_done = done if first_done is None else first_done
+            merger.emit(False, {f.rsplit("/", 1)[-1].removesuffix(".log") for f in files if not caught[f]})
+        if not follow or first_done:
+            merger.emit(True)
+            return 0
+        time.sleep(interval)
+        rc = _read_index(src, merger.index, identity)
+        if rc is not None:
+            return rc

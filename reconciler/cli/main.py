@@ -295,6 +295,8 @@ def _build_command(p: argparse.ArgumentParser, name: str) -> None:
                        help="write the bytes as the job wrote them, escape sequences included; without it a "
                        "terminal shows control characters other than newline and tab escaped (\\x1b), while "
                        "a pipe or a file always gets the exact bytes")
+        p.add_argument("--timestamps", "-t", action="store_true", help="put the time each line was written "
+                       "(UTC) before it (both streams: from the run's log index)")
         _add_command_globals(p, name, json="one JSON object per line: {\"stream\", \"line\"}")
     elif name == "provenance":
         name_arg = p.add_argument("name", metavar="NAME", help="a run, or one attempt's identity (NAME-gG-aA)")

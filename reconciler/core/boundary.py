@@ -187,6 +187,7 @@ class RunCore(_Lenient):
     gpus: list[int] = Field(default_factory=list, max_length=MAX_GPUS)
     collected: bool = False
     permanent: bool = False
+    scope: Any = None  # "machine": a permanent end that is the machine's (planner/ruled_out.py); else ignored
     spec_digest: str | None = Field(None, pattern=_DIGEST.pattern)
     slurm_job: str | None = Field(None, pattern=r"^[0-9A-Za-z_.+-]{1,64}$")
     slurm_end: SlurmEnd | None = None
@@ -306,7 +307,7 @@ def parse_run(identity: str, raw: Any) -> RunReport:
         started_at=core.started_at, pid=core.pid, container=core.container, workspace=core.workspace,
         gpus=list(core.gpus), collected=core.collected, message=clean_text(raw.get("message") or ""),
         progress=clean_progress(raw.get("progress")), curve=clean_curve(raw.get("curve")),
-        permanent=core.permanent, spec_digest=core.spec_digest,
+        permanent=core.permanent, scope="machine" if core.permanent and core.scope == "machine" else None, spec_digest=core.spec_digest,
         checkpoints=checkpoints, queued=clean_text(queued, 200) if queued is not None else None,
         job=core.slurm_job, heartbeat_age=heartbeat, slurm_end=core.slurm_end.record() if core.slurm_end else None,
         gang=gang.model_dump() if gang is not None else None,
@@ -386,12 +387,12 @@ def may_report(machine: str, report: RunReport, handle: Any, expected_workspace:
     ``handle``: the run's recorded status handle (duck-typed: machine, identity, nodes), or None.
     """
     ident = report.identity
-    attempt = split(ident)[0]
     gang = report.gang
     if gang is not None and gang["machines"] and gang["machines"][gang["rank"]] != machine:
         return f"{ident}: its gang layout puts node n{gang['rank']} on {gang['machines'][gang['rank']]}"
     recorded = getattr(handle, "identity", None) if handle is not None else None
-    if recorded and split(recorded)[0] == attempt:
+    # The common case, a status naming this very identity, is decided without parsing either.
+    if recorded and (recorded == ident or split(recorded)[0] == split(ident)[0]):
         nodes = [n for n in (getattr(handle, "nodes", None) or []) if isinstance(n, dict)]
         if nodes:
             # The recorded nodes, by rank (all of them after a launch; those seen, after an adoption).

@@ -36,6 +36,7 @@ class ObservedRun:
     progress: dict[str, Any] | None = None
     curve: list[tuple[int, float]] = field(default_factory=list)  # (step, loss) of the last logged steps, oldest first
     permanent: bool = False  # the run itself says retrying cannot help (e.g. its precheck refused it)
+    scope: str | None = None  # "machine": permanent on this machine only, another may take the run
     spec_digest: str | None = None  # the spec the workspace was built for (its job.json); None: unreadable
     checkpoints: list[str] = field(default_factory=list)  # complete ones, workspace-relative, oldest first
     queued: str | None = None  # a cluster's scheduler holds it, not started yet: why (Slurm's reason)
@@ -78,6 +79,9 @@ class ObservedMachine:
     reachable: bool = True
     error: str = ""
     unreachable_since: float | None = None
+    # Silent now, but it answered an earlier pass of this process (engine/downtime.py): it cannot
+    # hold a launch that git never heard of.
+    heard: bool = False
     runs: dict[str, ObservedRun] = field(default_factory=dict)
     round_trips: int = 0
     draining: str | None = None  # the machine's own drain flag (`reconcile agent drain`): its reason
@@ -195,6 +199,7 @@ def fold_gang(identity: str, parts: list[ObservedRun], machines: dict[str, Obser
     if failed:
         r = failed[0]
         gang.state, gang.exit_code, gang.permanent = "failed", r.exit_code, r.permanent
+        gang.scope = r.scope
         gang.message = f"{where(r)} failed (exit {r.exit_code})" + (f": {r.message}" if r.message else "")
     elif lost:
         gang.state = "lost"

@@ -15,7 +15,7 @@ MUTATING = frozenset({Action.LAUNCH, Action.RELAUNCH, Action.TERMINATE, Action.C
                       Action.RELEASE, Action.SAVE})
 
 
-@dataclass
+@dataclass(slots=True)
 class Kill:
     machine: str
     identity: str
@@ -23,7 +23,7 @@ class Kill:
     grace: float | None = None  # seconds from SIGTERM to SIGKILL (None: the configuration's terminate_grace)
 
 
-@dataclass
+@dataclass(slots=True)
 class Node:
     """One node of a run on several machines."""
 
@@ -33,7 +33,9 @@ class Node:
     gpus: list[int] = field(default_factory=list)
 
 
-@dataclass
+# Slots: a plan of 10,000 runs holds 10,000 changes and walks them several times; without a
+# per-instance dict each is a third of the size, so those walks touch far less memory.
+@dataclass(slots=True)
 class Change:
     name: str
     action: Action
@@ -67,6 +69,8 @@ class Change:
     # which GPUs; collect and collect_first's run: where each node's workspace is).
     nodes: list[Node] = field(default_factory=list)
     collect_nodes: list[Node] = field(default_factory=list)  # collect_first's nodes, for a run on several machines
+    # The run's machines ruled out after this change (planner/ruled_out.py): the status's list; None: unchanged.
+    ruled_out: list[dict] | None = None
 
     @property
     def mutates(self) -> bool:

@@ -84,6 +84,9 @@ class RunStatus(Lenient):
     exit_code: int | None = None
     message: str = ""
     preemptions: int | None = None  # times it was stopped for a run of higher priority (not counted as retries)
+    # Machines this generation may not use, after a permanent end that was the machine's:
+    # [{machine, reason, attempt}] (planner/ruled_out.py reads it leniently; a new generation has none).
+    ruled_out: list[Any] | None = None
     retry_at: str | None = None
     conditions: list[Condition] = Field(default_factory=list)
     history: list[Transition] = Field(default_factory=list)

@@ -46,12 +46,17 @@ class Flow(list):
 # resolver then decides (1.5, true, 0x1F and 2026-11-24 are not strings to it): most of a status's
 # strings (identities, paths, digests) take this road, without the analysis.
 _PLAIN_SHAPE = re.compile(r"^[A-Za-z0-9_/.](?:[A-Za-z0-9_/.+:-]*[A-Za-z0-9_/.+-])?$")
+# Words with single spaces between them and none of ':' or '#' (the only characters that make a
+# space matter to the analysis): messages such as "found x-g1-a1 running on m1; adopting it",
+# one of a kind per run, so the cache does not spare their analysis. Within _SIMPLE's length.
+_PLAIN_WORDS = re.compile(r"^[A-Za-z0-9_/.(][A-Za-z0-9_/.+;=(),'-]*(?: [A-Za-z0-9_/.+;=(),'-]+)+$")
 
 
 @functools.lru_cache(maxsize=65536)
 def _style(s: str) -> str:
     """The scalar as PyYAML writes it as a block mapping's value or a block sequence's item."""
-    if (_PLAIN_SHAPE.match(s) and not s.startswith("...")  # a document end marker: PyYAML quotes it
+    if ((_PLAIN_SHAPE.match(s) or (len(s) <= 1000 and _PLAIN_WORDS.match(s)))
+            and not s.startswith("...")  # a document end marker: PyYAML quotes it
             and _resolver.resolve(ScalarNode, s, (True, False)) == STR_TAG):
         return s
     return _analysed(s)

@@ -3,7 +3,9 @@
 One thread runs passes, so passes never overlap; every other thread (the file watcher, the HTTP
 server, signal handlers) only records *why* a pass is wanted and wakes the loop. The loop wakes for:
 
-- a local change under ``specs/`` or ``execution_templates/`` (watchfiles, debounced): a pass;
+- a local change under ``specs/`` or ``execution_templates/`` (watch.py: one file at once, a burst
+  once it is over): a pass, before anything else, so that the fetch a poll has made due follows
+  the launch instead of delaying it;
 - the poll timer (``poll_interval``) or a signed webhook (``POST /hooks/git``): a fetch, and a pass
   when the remote branch moved;
 - the resync timer (``resync_interval``): a pass, to follow running work;
@@ -50,8 +52,8 @@ from .gitsync import GitSync
 from .health import Health
 from .logs import event, log, setup_logging
 from .metrics import Metrics
+from .watch import GIT_WINDOW, Batches
 
-WATCHED = ("specs", "execution_templates")
 MIN_WAKE = 0.2  # never spin: the shortest sleep between two passes asked for by retry_after
 # The loop counts as stuck (and the systemd watchdog is left to fire) when one step of it, a pass
 # with its push or a fetch, has lasted this long: each SSH command has a deadline (collecting
@@ -98,6 +100,9 @@ class Daemon(GitSync, Health):
         self._flags_lock = threading.Lock()
         self._want_fetch = False
         self._want_pass: set[str] = set()
+        self._asked_at: float | None = None  # when the oldest pass request not yet served came
+        self._busy = True  # the loop is fetching, in a pass or pushing (not waiting)
+        self._idle_since = 0.0
         self._stopping = False
         self._reload = False
         self._signals = 0
@@ -117,13 +122,16 @@ class Daemon(GitSync, Health):
                 self._want_fetch = True
             if why:
                 self._want_pass.add(why)
+                if self._asked_at is None:
+                    self._asked_at = time.monotonic()
         self.wake.set()
 
-    def _take(self) -> tuple[bool, set[str]]:
+    def _take(self) -> tuple[bool, set[str], float | None]:
+        """What was asked for since the last look, and when the oldest pass request came."""
         with self._flags_lock:
-            fetch, why = self._want_fetch, self._want_pass
-            self._want_fetch, self._want_pass = False, set()
-        return fetch, why
+            fetch, why, asked = self._want_fetch, self._want_pass, self._asked_at
+            self._want_fetch, self._want_pass, self._asked_at = False, set(), None
+        return fetch, why, asked
 
     def _on_signal(self, signum: int, frame) -> None:  # noqa: ARG002
         if signum == signal.SIGHUP:
@@ -141,8 +149,10 @@ class Daemon(GitSync, Health):
 
     # -------- one cycle
 
-    def run_pass(self, why: str) -> float | None:
-        """One pass and its push; return the plan's retry_after (None: nothing to wake up for)."""
+    def run_pass(self, why: str, asked: float | None = None) -> float | None:
+        """One pass and its push; return the plan's retry_after (None: nothing to wake up for).
+        ``asked``: when the request it serves came (time.monotonic), logged as ``waited``."""
+        waited = None if asked is None else round(time.monotonic() - asked, 4)
         t0 = time.time()
         self.in_pass = True
         try:
@@ -160,7 +170,8 @@ class Daemon(GitSync, Health):
         self._account_plan(result)
         errors = [o for o in result.outcomes if not o.ok]
         summary = {a: n for a, n in result.plan.summary().items() if a != Action.NONE}
-        fields = dict(why=why, duration=round(result.duration, 3), plan=summary, transitions=result.transitions,
+        fields = dict(why=why, waited=waited, duration=round(result.duration, 3), plan=summary,
+                      transitions=result.transitions,
                       written=len(result.written), commit=(result.commit or "")[:12] or None,
                       retry_after=result.retry_after)
         if errors:
@@ -239,22 +250,18 @@ class Daemon(GitSync, Health):
         host, port = self.dashboard.server_address[:2]
         event(logging.INFO, "dashboard listening", address=f"{host}:{port}")
 
+    def _using_git(self) -> bool:
+        """Whether the loop is busy (a pass runs ``git status`` and commits, a fetch rebases, a push
+        fetches) or was until just now: git's index written then is the daemon's own."""
+        return self._busy or time.monotonic() - self._idle_since < GIT_WINDOW
+
     def _watch(self) -> None:
-        from watchfiles import watch
-
         root = str(self.cfg.repo)
-        prefixes = tuple(os.path.join(root, d) + os.sep for d in WATCHED)
-
-        def wanted(change, path: str) -> bool:  # noqa: ARG001
-            return path.startswith(prefixes) or path in (os.path.join(root, d) for d in WATCHED)
-
         try:
-            for changes in watch(root, watch_filter=wanted, stop_event=self._stop_watch,
-                                 debounce=max(1, int(self.cfg.debounce * 1000)), step=20, rust_timeout=1000,
-                                 yield_on_timeout=False, raise_interrupt=False):
-                rels = sorted({os.path.relpath(p, root) for _, p in changes})
+            for paths in Batches(root, self.cfg.debounce, self._using_git).changes(self._stop_watch):
+                self.request(why="local change")  # first: the log line below is not on the way
+                rels = sorted(os.path.relpath(p, root) for p in paths)
                 event(logging.DEBUG, "local change", paths=rels[:10], count=len(rels))
-                self.request(why="local change")
         except Exception as e:  # noqa: BLE001 - without a watcher the timers still converge
             event(logging.ERROR, "file watcher stopped; relying on resync", error=str(e))
 
@@ -323,16 +330,24 @@ class Daemon(GitSync, Health):
         next_resync = mono()
         next_retry = float("inf")
         failures = 0
+        deferred = False  # the last fetch due was put off for a local change
         while not self._stopping:
             self._beat = mono()
             if self._reload:
                 self._reload = False
                 self.reload()
             now = mono()
-            fetch, why = self._take()
+            fetch, why, asked = self._take()
             if now >= next_poll:
                 fetch = True
-            if fetch:
+            if fetch and "local change" in why and not deferred:
+                # A local edit first: its launch needs nothing from the remote, and the fetch (a
+                # network round trip) follows right after the pass (never later: edits that keep
+                # coming do not put it off twice), with a pass of its own if the remote moved.
+                self.request(fetch=True)
+                deferred = True
+            elif fetch:
+                deferred = False
                 next_poll = now + self.cfg.poll_interval
                 if self.fetch_and_integrate():
                     why.add("remote change")
@@ -347,7 +362,7 @@ class Daemon(GitSync, Health):
             if now >= next_retry:
                 why.add("retry_after")
             if why and not self._stopping:
-                retry_after = self.run_pass(",".join(sorted(why)))
+                retry_after = self.run_pass(",".join(sorted(why)), asked)
                 if not self.notify.ready_sent:  # the first pass is over, good or not: the daemon serves
                     self.notify.ready("first pass done")
                 good = self.metrics.last_pass == self.metrics.last_good_pass
@@ -366,7 +381,9 @@ class Daemon(GitSync, Health):
                 break
             timeout = min(next_poll, next_resync, next_retry, mono() + STUCK_AFTER / 2) - mono()
             if timeout > 0:
+                self._busy, self._idle_since = False, mono()
                 self.wake.wait(timeout)
+                self._busy = True
             self.wake.clear()
 
 

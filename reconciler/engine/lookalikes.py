@@ -33,25 +33,38 @@ def key(machine: str, identity: str) -> str:
     return f"{machine} {identity}"
 
 
-def _load(path: Path) -> dict[str, float]:
+def load_times(path: Path, what: str, limit: int = MAX_ENTRIES) -> dict[str, float]:
+    """A state file of ``key → time`` (``what`` says in the warning what a broken one costs):
+    written by this reconciler only, still read leniently and bounded."""
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as e:  # a broken file: the grace starts over, nothing is stopped early
-        log.warning("%s unreadable (%s): first-seen times start from now", path, e)
+    except (OSError, ValueError) as e:
+        log.warning("%s unreadable (%s): %s", path, e, what)
         return {}
     if not isinstance(raw, dict):
         return {}
-    return {k: float(v) for k, v in list(raw.items())[:MAX_ENTRIES]
+    return {k: float(v) for k, v in list(raw.items())[:limit]
             if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+def save_times(path: Path, times: dict[str, float]) -> None:
+    """Replace the file whole (a reader never sees half of it); a failure is logged only."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(times, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as e:  # remembered for this pass only
+        log.warning("cannot write %s: %s", path, e)
 
 
 def first_seen(state_dir: Path, world: ObservedWorld, now: float) -> dict[str, float]:
     """``machine identity`` → when a pass first saw that live, start-less instance (``now`` for
     the ones seen for the first time); the file is rewritten when that set changed."""
     path = Path(state_dir) / FILE
-    old = _load(path)
+    old = load_times(path, "first-seen times start from now")  # a broken file: nothing is stopped early
     seen: dict[str, float] = {}
     for m in world.machines.values():
         if not m.reachable:
@@ -62,11 +75,5 @@ def first_seen(state_dir: Path, world: ObservedWorld, now: float) -> dict[str, f
                 k = key(m.name, ident)
                 seen[k] = min(old.get(k, now), now)
     if seen != old:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{FILE}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(seen, sort_keys=True) + "\n", encoding="utf-8")
-            os.replace(tmp, path)
-        except OSError as e:  # remembered for this pass only: the next one starts the grace again
-            log.warning("cannot write %s: %s", path, e)
+        save_times(path, seen)
     return seen

@@ -17,17 +17,20 @@ from pathlib import Path
 from typing import Callable
 
 from reconciler.gitops import repo as gitops
-from reconciler.artifacts import safetar
 from reconciler.status import store as statuses
 from reconciler.core.runstatus import DIRTY, TERMINAL, cost_so_far, iso, parse_iso
 from reconciler.status.summarize import progress_only, records_new_spec, same_ignoring_time, summarize
 from reconciler.core.actions import Action
-from .apply import ApplyContext, Outcome, apply
+from typing import TYPE_CHECKING
+if TYPE_CHECKING:  # imported when a plan has something to apply: a pass that changes nothing never needs it
+    from .apply import Outcome
 from reconciler.core.config import Config
 from reconciler.planner.exposure import shared_login_warnings
 from reconciler.status.ledger import Ledger
 from .observe import names_to_watch, observe
-from .uncommitted import hold_uncommitted, uncommitted_specs
+from .uncommitted import Uncommitted, hold_uncommitted, repo_key as uncommitted_key
+from . import downtime, passcache
+from .passcache import Settled
 from reconciler.core.observed import ObservedWorld
 from reconciler.core.plan import Plan, PlanSettings
 from reconciler.planner.make import make_plan
@@ -37,6 +40,18 @@ from reconciler.machines.pool import TransportPool
 
 log = logging.getLogger("reconciler")
 FULL_GC_EVERY = 50
+TRIM_AFTER = 1000  # spec files: a first pass this large leaves freed parse trees in malloc's arenas
+
+
+def _malloc_trim() -> None:
+    """Hand the memory a large first pass freed back to the system (glibc keeps it otherwise; the
+    daemon's resident size would stay at its peak). Elsewhere there is nothing to do."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _after_apply() -> None:
@@ -97,6 +112,19 @@ class Reconciler:
         self.secret_source: Callable[[str], str | None] = os.environ.get
         self.providers = Providers(cfg.repo, cfg.state_dir, lambda name: self.secret_source(name))
         self._passes = 0  # counts passes for the periodic full collection
+        self.heard: set[str] = set()  # machines that answered a pass of this process (engine/downtime.py)
+        self._status_clean: list | None = None  # see _commit
+        # What an earlier process learnt (reconciler/engine/passcache.py): a fresh --once reads and
+        # parses only what changed since.
+        restored = passcache.restore(cfg.state_dir, cfg.repo, self.cache)
+        if restored is not None and (restored.ledger is not None or not cfg.ledger):
+            # Settled runs' statuses are not read: the ledger's rows for them come with them.
+            self.settled = restored.settled
+            if restored.ledger is not None:
+                self.ledger.rows, key = restored.ledger
+                self.ledger._key = tuple(key) if key is not None else None
+        self.dirty = Uncommitted(*((restored.dirty_key, restored.dirty) if restored is not None else ()))
+        self._saved: tuple | None = (self.cache.hits, dict(self.settled), self.dirty.key) if restored else None
 
     def settings(self) -> PlanSettings:
         if self._gpus is None:
@@ -111,10 +139,14 @@ class Reconciler:
         now = time.time() if now is None else now
         desired = load_tree(cfg.repo, self.cache, tree_version=gitops.head(self.repo))
         status_dir = cfg.repo / "status"
+        runs, invalid = desired.runs, desired.invalid
         candidates = {n: s.key for n, s in self.settled.items()
-                      if n not in desired.invalid and _digest(desired, n) == s.digest}
+                      if n not in invalid and (e := runs.get(n)) is not None and e.digest == s.digest
+                      or s.digest is None and n not in runs and n not in invalid}
         skipped: set[str] = set()
         previous = statuses.load_all(status_dir, self.status_cache, skip=candidates, skipped=skipped)
+        if self.status_cache.changed:
+            self._status_clean = None  # status/ moved since the last commit step: git is asked again
         # Progress not yet in a status file (status_progress_interval) lives in the working state:
         # the pass goes on from it, so a loss curve gains a point every pass, not every write.
         self._as_filed = statuses.overlay_live(previous, cfg.state_dir, self.live_cache)
@@ -131,7 +163,11 @@ class Reconciler:
             pool.close()
         phases, written = self._write_statuses(result, previous, spec_commits, status_dir, now)
         if cfg.ledger:
-            self.ledger.refresh(status_dir, {**previous, **self._as_filed}, written, now)  # git's view
+            ledger_out = self.ledger.refresh(status_dir, {**previous, **self._as_filed}, written, now)  # git's view
+        else:
+            ledger_out = []
+        if result.written or ledger_out:
+            self._status_clean = None
         # A run whose last machine is a rental still up keeps its status loaded: it dates the
         # rental's idle time (and so when it is given back).
         on_rentals = {n: st for n, st in previous.items()
@@ -145,9 +181,21 @@ class Reconciler:
         do_commit = cfg.commit if commit is None else commit
         if do_commit and self.repo is not None:
             self._commit(result, written)
+        self._save_cache()
         result.duration = time.perf_counter() - t0
         self._gc()
         return result
+
+    def _save_cache(self) -> None:
+        """Write the pass cache when this pass learnt something a fresh process would redo."""
+        now = (self.cache.hits, self.settled, self.dirty.key)
+        saved = self._saved
+        if (saved is not None and not self.cache.tree_changed and saved[0] == now[0] and saved[2] == now[2]
+                and len(saved[1]) == len(now[1]) and all(saved[1].get(n) is s for n, s in now[1].items())):
+            return  # a settled run's entry is kept as the same object while it stays settled
+        if passcache.save(self.cfg.state_dir, self.cache, self.settled, self.dirty.key, self.dirty.paths,
+                          self.ledger if self.cfg.ledger else None):
+            self._saved = (now[0], dict(now[1]), now[2])
 
     def _observe_world(self, desired: DesiredState, previous: dict[str, statuses.RunStatus], skipped: set[str],
                        pool: TransportPool, status_dir: Path, now: float) -> ObservedWorld:
@@ -178,6 +226,7 @@ class Reconciler:
             world.saved_checkpoints = checkpoints.saved(cfg.state_dir)
         if desired.storages:
             storage_outputs(desired, world, previous, cfg.repo_namespace)
+        downtime.mark(cfg.state_dir, world, self.heard, now)  # silent since when; which ones this process heard
         from .lookalikes import first_seen  # orphan_grace of instances without a start time
 
         world.first_seen = first_seen(cfg.state_dir, world, now)
@@ -191,8 +240,8 @@ class Reconciler:
     def _plan(self, desired: DesiredState, world: ObservedWorld, previous: dict[str, statuses.RunStatus],
               skipped: set[str], now: float) -> Plan:
         cfg = self.cfg
-        missing = {name: [s for s in e.run.spec.secrets if self.secret_source(s) is None]
-                   for name, e in desired.runs.items() if e.run.spec.secrets}
+        missing = {name: [s for s in e.secrets if self.secret_source(s) is None]
+                   for name, e in desired.runs.items() if e.secrets}
         settings = self.settings()
         if desired.providers or world.rentals:
             settings.namespace = cfg.repo_namespace
@@ -202,7 +251,8 @@ class Reconciler:
                          missing_secrets={n: m for n, m in missing.items() if m})
         # Secrets are only as private as the unix login the runs share: say where teams share one.
         plan.warnings.extend(shared_login_warnings(desired, world, plan))
-        self._dirty = uncommitted_specs(cfg.repo) if self.repo is not None else set()
+        self._dirty = self.dirty.specs(self.repo, self.cache.tree_changed, self.cache.ignores) \
+            if self.repo is not None else set()
         if not cfg.allow_dirty:
             hold_uncommitted(plan, desired, previous, self._dirty)
         return plan
@@ -212,10 +262,16 @@ class Reconciler:
         """Carry out the plan into ``result.outcomes``; return the spec commits it looked up."""
         cfg = self.cfg
         plan = result.plan
-        repo_head = gitops.head(self.repo)
         # One history walk per pass for every spec commit it needs: bundles and status files.
         spec_commits = self._spec_commits(plan, previous)
-        ctx = ApplyContext(repo=cfg.repo, desired=result.desired, transport_for=pool.get, repo_head=repo_head,
+        if not any(c.mutates for c in plan.changes):
+            _after_apply()
+            return spec_commits
+        from reconciler.artifacts import safetar
+        from .apply import ApplyContext, apply
+
+        ctx = ApplyContext(repo=cfg.repo, desired=result.desired, transport_for=pool.get,
+                           repo_head=gitops.head(self.repo),
                            spec_commits=spec_commits,
                            terminate_grace=cfg.terminate_grace, remote_cleanup=cfg.remote_cleanup,
                            parallel=cfg.parallel_changes, machine_python=pool.python_for,
@@ -279,8 +335,15 @@ class Reconciler:
         return written is not None and now - written < self.cfg.status_progress_interval
 
     def _commit(self, result: PassResult, written: dict[str, statuses.RunStatus]) -> None:
-        """Commit the status files the pass changed, with one message line per transition."""
+        """Commit the status files the pass changed, with one message line per transition.
+
+        Git is not asked when nothing under status/ can differ from HEAD since the last commit step
+        of this process found it clean: no status file written, new, changed or gone (in any pass
+        since, committing or not), no ledger file written, and HEAD, the index and the ignore files
+        as they were then."""
         cfg = self.cfg
+        if self._status_clean is not None and self._status_clean == uncommitted_key(self.repo):
+            return
         lines = {line.split(":", 1)[0]: line for line in result.transitions}
 
         def message(paths: list[str]) -> str:
@@ -290,9 +353,11 @@ class Reconciler:
                      for n, p in zip(names, paths)]
             return gitops.transitions_message([t for t in found if t], files=len(paths))
 
+        self._status_clean = None
         made = gitops.commit_status(self.repo, message, gitops.Author(cfg.author_name, cfg.author_email))
         if made is not None:
             result.commit, result.committed = made.sha, [Path(p).stem for p in made.paths]
+        self._status_clean = uncommitted_key(self.repo)
 
     def _gc(self) -> None:
         """What a pass leaves behind is mostly caches that live as long as the process (parsed
@@ -301,6 +366,8 @@ class Reconciler:
         Refcounting still frees what is dropped; every FULL_GC_EVERY passes the collector looks at
         everything once, for cycles."""
         self._passes += 1
+        if self._passes == 1 and len(self.cache) >= TRIM_AFTER:
+            _malloc_trim()
         if self._passes % FULL_GC_EVERY == 0:
             gc.unfreeze()
             gc.collect()
@@ -379,19 +446,13 @@ class Reconciler:
                 provider, cost = (costs or {}).get(c.name, (None, 0.0))
                 settled[c.name] = Settled(_digest(desired, c.name), key, c.phase, provider, cost)
                 self.status_cache.forget(c.name)
+                entry = desired.runs.get(c.name)
+                if entry is not None:
+                    entry.release()  # its model is parsed again only if something asks for it
         self.settled = settled
         counts: Counter[str] = Counter(s.phase for s in settled.values())
         counts.update(phase for n, phase in phases.items() if n not in settled)
         self.phase_counts = counts
-
-
-@dataclass(frozen=True)
-class Settled:
-    digest: str | None  # the run's spec digest when it settled (None: no spec any more)
-    key: tuple[int, int, int]  # its status file's inode, size and mtime
-    phase: str
-    provider: str | None = None  # where its rentals were, for the provider's budget
-    cost: float = 0.0  # what they cost (its status's cost.so_far)
 
 
 def _transition_since_head(repo, path: str, old_text: str | None,

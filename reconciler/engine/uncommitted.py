@@ -8,12 +8,15 @@ tracked at all) and whose content is new to its status is held: none of its chan
 the instance that runs keeps running, and the plan says why. ``allow_dirty`` (``--allow-dirty``)
 launches it instead and records ``spec.dirty: true`` with the content's digest and no commit.
 
-One ``git status`` per pass, limited to ``specs/``: the repository's own answer, with git's index
-and its stat cache, rather than a second opinion computed here.
+``git status``, limited to ``specs/``: the repository's own answer, with git's index and its stat
+cache, rather than a second opinion computed here. It runs again only when its answer can have
+moved: a spec file's content changed or one came or went (the spec cache says), or HEAD, the
+index or an ignore file changed (their stats); otherwise the last answer stands.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from reconciler.core.actions import Action
@@ -40,6 +43,45 @@ def uncommitted_specs(repo: Path) -> set[str]:
                 i += 1
         i += 1
     return out
+
+
+class Uncommitted:
+    """The last answer of ``uncommitted_specs`` and what it was given under."""
+
+    def __init__(self, key: list | None = None, paths: set[str] | None = None) -> None:
+        self.key, self.paths = key, paths
+        self.asked = 0  # how many times git was asked (the tests count them)
+
+    def specs(self, repo, tree_changed: bool, ignores: list | None = None) -> set[str]:
+        """``uncommitted_specs``, or its last answer while nothing it depends on changed.
+        ``ignores``: the stats of the ignore files inside the spec folders (the spec loader's)."""
+        key = repo_key(repo)
+        if key is not None:
+            key.append(ignores)
+        if tree_changed or self.paths is None or key is None or key != self.key:
+            self.paths = uncommitted_specs(Path(repo.working_tree_dir))
+            self.key = key
+            self.asked += 1
+        return self.paths
+
+
+def repo_key(repo) -> list | None:
+    """HEAD and the stats of the index and the ignore files: git's answer for unchanged spec
+    files can only move with these (a commit, ``git add``/``rm --cached``, a new ignore rule)."""
+    from reconciler.gitops.repo import head
+
+    git_dir, top = str(repo.git_dir), str(repo.working_tree_dir)
+    key: list = [head(repo)]
+    for p in (os.path.join(git_dir, "index"), os.path.join(git_dir, "info", "exclude"),
+              os.path.join(top, ".gitignore"), os.path.join(top, "specs", ".gitignore")):
+        try:
+            st = os.stat(p)
+            key.append([st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns])
+        except FileNotFoundError:
+            key.append(None)
+        except OSError:
+            return None
+    return key
 
 
 def hold_uncommitted(plan: Plan, desired, previous: dict, dirty: set[str]) -> None:

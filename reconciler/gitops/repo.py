@@ -1,8 +1,8 @@
 """Git as the only durable state: commit status files, and nothing else, after a pass.
 
-Commits are made through a temporary index (read HEAD's tree, add the status paths, write a tree,
-commit it, move the branch with a compare-and-swap), so whatever the user has staged or left
-modified elsewhere in the checkout is never swept into a reconciler commit. The commit includes
+Commits are built by ``git fast-import`` from HEAD's tree and the status paths, and the branch is
+moved with a compare-and-swap, so whatever the user has staged or left modified elsewhere in the
+checkout is never swept into a reconciler commit. The commit includes
 every status file that differs from HEAD, not only those written by this pass: a pass killed after
 writing and before committing loses nothing. Its message is made from what it holds, so a file
 written by an earlier pass (run with --no-commit, or killed before committing) still gets its
@@ -15,8 +15,8 @@ with ``LC_ALL=C`` wherever its messages are matched.
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -53,25 +53,32 @@ def head(repo: git.Repo | None) -> str | None:
         return None
 
 
-def dirty_status_paths(repo: git.Repo) -> list[str]:
-    """status/*.yaml paths that differ from HEAD (modified, new or deleted)."""
-    p = run_git(Path(repo.working_tree_dir), "status", "--porcelain", "-z", "--untracked-files=all",
-                "--no-renames", "--", STATUS_DIR)
-    paths = []
+def dirty_paths(root: Path) -> tuple[list[str], list[str]]:
+    """The status files (status/<name>.yaml) and the ledger's files (status/README.md,
+    status/<run>.svg) that differ from HEAD (modified, new or deleted), from one ``git status``."""
+    p = run_git(root, "status", "--porcelain", "-z", "--untracked-files=all", "--no-renames", "--", STATUS_DIR)
+    statuses, ledger = set(), set()
     for entry in p.stdout.split("\0"):
         path = entry[3:]
+        leaf = path[len(STATUS_DIR) + 1:]
         # One level only: status/<name>.yaml. Anything else under status/ is not the reconciler's.
-        if path.startswith(STATUS_DIR + "/") and path.endswith(".yaml") and "/" not in path[len(STATUS_DIR) + 1:]:
-            paths.append(path)
-    return sorted(set(paths))
+        if not path.startswith(STATUS_DIR + "/") or "/" in leaf:
+            continue
+        if leaf.endswith(".yaml"):
+            statuses.add(path)
+        elif leaf == "README.md" or leaf.endswith(".svg"):
+            ledger.add(path)
+    return sorted(statuses), sorted(ledger)
+
+
+def dirty_status_paths(repo: git.Repo) -> list[str]:
+    """status/*.yaml paths that differ from HEAD (modified, new or deleted)."""
+    return dirty_paths(Path(repo.working_tree_dir))[0]
 
 
 def dirty_ledger_paths(repo: git.Repo) -> list[str]:
     """The ledger's files (status/README.md, status/<run>.svg) that differ from HEAD."""
-    p = run_git(Path(repo.working_tree_dir), "status", "--porcelain", "-z", "--untracked-files=all",
-                "--no-renames", "--", f"{STATUS_DIR}/README.md", f"{STATUS_DIR}/*.svg")
-    paths = {e[3:] for e in p.stdout.split("\0") if e[3:]}
-    return sorted(x for x in paths if "/" not in x[len(STATUS_DIR) + 1:])
+    return dirty_paths(Path(repo.working_tree_dir))[1]
 
 
 @dataclass
@@ -82,101 +89,144 @@ class StatusCommit:
 
 def commit_status(repo: git.Repo, message: str | Callable[[list[str]], str], author: Author) -> StatusCommit | None:
     """Commit the status files that differ from HEAD; return the new commit, or None if nothing.
-    ``message`` may be a function of the committed paths, so the message describes the commit."""
-    paths = dirty_status_paths(repo)
-    ledger = dirty_ledger_paths(repo)
+    ``message`` may be a function of the committed paths, so the message describes the commit.
+
+    Four git processes, whatever the number of files: ``status`` finds them, one ``fast-import``
+    writes their blobs, the trees and the commit (starting from HEAD's tree, so nothing the user
+    staged elsewhere is swept in, and moving no ref of its own), ``update-ref`` moves the branch
+    with a compare-and-swap, and ``update-index`` aligns the real index's entries for these paths
+    with the commit, so ``git status`` stays clean and the user's other staged changes stay staged.
+    """
+    root = Path(repo.working_tree_dir)
+    paths, ledger = dirty_paths(root)
+    # A link (or anything but a plain file) under status/ is not the reconciler's: never followed
+    # into a commit, where it would publish whatever it points at.
+    odd = {path for path in [*paths, *ledger] if _not_plain(root / path)}
+    paths, ledger = [x for x in paths if x not in odd], [x for x in ledger if x not in odd]
     if not paths and not ledger:
         return None
     if callable(message):
         message = message(paths) if paths else "status: ledger"
     parent = head(repo)
-    fd, index_path = tempfile.mkstemp(prefix="reconciler-index-", dir=repo.git_dir)
-    os.close(fd)
-    os.unlink(index_path)
-    env = {
-        "GIT_INDEX_FILE": index_path, "LC_ALL": "C",
-        "GIT_AUTHOR_NAME": author.name, "GIT_AUTHOR_EMAIL": author.email,
-        "GIT_COMMITTER_NAME": author.name, "GIT_COMMITTER_EMAIL": author.email,
-    }
-    root = Path(repo.working_tree_dir)
-    # Through run_git, not GitPython's commands: those hand git this process's whole environment.
-    try:
-        if parent:
-            run_git(root, "read-tree", parent, extra_env=env)
-        _stage(repo, [*paths, *ledger], env)
-        tree = run_git(root, "write-tree", extra_env=env).stdout.strip()
-        if parent and tree == run_git(root, "rev-parse", f"{parent}^{{tree}}").stdout.strip():
-            return None
-        args = [tree, "-m", message] + (["-p", parent] if parent else [])
-        new = run_git(root, "commit-tree", *args, extra_env=env).stdout.strip()
-        ref = repo.head.ref.path if not repo.head.is_detached else "HEAD"
-        moved = run_git(root, "update-ref", ref, new, parent or "0" * 40, check=False)
-        if moved.returncode != 0:
-            raise TemporaryError("the branch moved while committing status; will retry: "
-                                 f"{moved.stderr.strip()}")
-    finally:
-        try:
-            os.unlink(index_path)
-        except OSError:
-            pass
-    # The real index now lags HEAD for these paths; align just them, leaving the user's staging alone.
-    _index_to(repo, new, [*paths, *ledger])
+    ref = repo.head.ref.path if not repo.head.is_detached else "HEAD"
+    new = import_commit(root, [*paths, *ledger], message, author, parent)
+    if new is None:  # the files hold what HEAD holds (a change staged and undone, say)
+        return None
+    moved = run_git(root, "update-ref", ref, new, parent or "0" * 40, check=False)
+    if moved.returncode != 0:
+        raise TemporaryError("the branch moved while committing status; will retry: "
+                             f"{moved.stderr.strip()}")
+    _index_files(root, [*paths, *ledger])
     return StatusCommit(new, paths)
 
 
-def _stage(repo: git.Repo, paths: list[str], env: dict[str, str]) -> None:
-    """Put the files at ``paths`` (status/ files: plain, not executable) into the index that
-    ``env`` names, or take out the ones that are gone. Their blobs are written by one ``git
-    fast-import`` as a single pack: ``update-index --add`` would hash them and write one loose
-    object file each (two seconds for the 10,000 files of a first pass here)."""
-    root = Path(repo.working_tree_dir)
-    present, stream = [], bytearray()
-    for path in paths:
+def _not_plain(path: Path) -> bool:
+    """Whether ``path`` exists as something other than a regular file (a missing one is a deletion)."""
+    try:
+        return not stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+# fast-import names the commit's branch; `reset` without `from` at the end of the stream drops that
+# branch again before fast-import writes any ref (git-fast-import(1), "reset"), so the commit is
+# reachable only once update-ref has moved the real branch to it.
+_SCRATCH_REF = b"refs/reconciler/status-commit"
+
+
+def import_commit(root: Path, paths: list[str], message: str, author: Author, parent: str | None) -> str | None:
+    """One ``git fast-import``: the files at ``paths`` (plain, not executable; a missing one is
+    deleted) as blobs, on top of ``parent``'s tree, in a commit whose sha is returned; None when
+    status/ comes out as ``parent`` has it. Nothing goes through a temporary file, an index or a
+    loose object: the objects are one pack (``fastimport.unpackLimit=0``: below the default limit
+    fast-import would start ``unpack-objects`` to write them loose, one file each)."""
+    out = bytearray()
+    if parent:
+        out += b"ls %s %s\n" % (parent.encode(), STATUS_DIR.encode())
+    edits = bytearray()
+    for n, path in enumerate(paths, start=2):
+        quoted = _quoted(path)
         try:
-            data = (root / path).read_bytes()
+            data = _read_plain(root / path)
         except FileNotFoundError:
+            edits += b"D %s\n" % quoted
             continue
-        present.append(path)
-        stream += b"blob\nmark :%d\ndata %d\n" % (len(present), len(data)) + data + b"\n"
-    shas: dict[str, str] = {}
-    if present:
-        fd, marks = tempfile.mkstemp(prefix="reconciler-marks-", dir=repo.git_dir)
-        os.close(fd)
-        try:
-            p = subprocess.run(["git", "-C", str(root), "fast-import", "--quiet", f"--export-marks={marks}"],
-                               input=bytes(stream) + b"done\n", capture_output=True, timeout=300, env=git_env())
-            if p.returncode != 0:
-                raise GitError(f"git fast-import failed: {p.stderr.decode('utf-8', 'replace').strip()[:500]}")
-            for line in Path(marks).read_text().splitlines():
-                mark, _, sha = line.partition(" ")
-                shas[present[int(mark[1:]) - 1]] = sha
-        finally:
-            os.unlink(marks)
-    _index_info(root, [(f"100644 {shas[path]}" if path in shas else None, path) for path in paths], env)
-
-
-def _index_to(repo: git.Repo, commit: str, paths: list[str]) -> None:
-    """Set the real index's entries for ``paths`` (all directly under status/) to ``commit``'s, as
-    ``git reset -q COMMIT -- PATHS`` does. That matches every pathspec against every entry (about
-    a second for 10,000 paths); one listing of status/ fed to update-index is linear."""
-    root = Path(repo.working_tree_dir)
-    listing = run_git(root, "ls-tree", "-z", "--full-tree", commit, "--", STATUS_DIR + "/").stdout
-    entries = {}
-    for item in listing.split("\0"):
-        meta, _, path = item.partition("\t")
-        if path:
-            entries[path] = meta
-    # "<mode> <type> <sha>" from ls-tree; a path missing from it was deleted by the commit
-    _index_info(root, [(" ".join(entries[p].split(" ")[::2]) if p in entries else None, p) for p in paths], {})
-
-
-def _index_info(root: Path, entries: list[tuple[str | None, str]], env: dict[str, str]) -> None:
-    """``git update-index --index-info``: each path set to "<mode> <sha>", or out of the index (None)."""
-    lines = "".join(f"{meta}\t{path}\0" if meta else f"0 {'0' * 40}\t{path}\0" for meta, path in entries)
-    p = subprocess.run(["git", "-C", str(root), "update-index", "-z", "--index-info"], input=lines,
-                       capture_output=True, text=True, timeout=120, env={**git_env(), **env})
+        out += b"blob\nmark :%d\ndata %d\n%s\n" % (n, len(data), data)
+        edits += b"M 100644 :%d %s\n" % (n, quoted)
+    text = message.encode("utf-8", "surrogateescape") if _encodable(message) else message.encode("utf-8", "replace")
+    if text and not text.endswith(b"\n"):
+        text += b"\n"  # as ``git commit-tree -m`` completes the line
+    who = b"%s<%s> now\n" % (_ident(author.name) + b" " if _ident(author.name) else b"", _ident(author.email))
+    out += b"commit %s\nmark :1\nauthor %scommitter %sdata %d\n%s" % (_SCRATCH_REF, who, who, len(text), text)
+    if parent:
+        out += b"from %s\n" % parent.encode()
+    out += edits + b"\nls :1 %s\nget-mark :1\nreset %s\n\ndone\n" % (STATUS_DIR.encode(), _SCRATCH_REF)
+    try:
+        p = subprocess.run(["git", "-C", str(root), "-c", "fastimport.unpackLimit=0", "fast-import", "--quiet",
+                            "--date-format=now"], input=bytes(out), capture_output=True, timeout=300, env=git_env())
+    except subprocess.TimeoutExpired:
+        raise GitError("git fast-import timed out after 300s") from None
     if p.returncode != 0:
-        raise GitError(f"git update-index failed: {p.stderr.strip()[:500]}")
+        raise GitError(f"git fast-import failed: {p.stderr.decode('utf-8', 'replace').strip()[:500]}")
+    lines = p.stdout.decode("utf-8", "replace").splitlines()
+    if parent and len(lines) == 3 and lines[0] == lines[1]:
+        return None
+    return lines[-1].strip()
+
+
+def _read_plain(path: Path) -> bytes:
+    """The file's bytes, never through a link (one made since the caller looked is refused)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise GitError(f"{path.name}: not committed, not a plain file ({e.strerror})") from None
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read()
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8", "surrogateescape")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def _ident(text: str) -> bytes:
+    """A name or address as git writes it into an ident line: no ``<``, ``>`` or line break, and
+    no leading or trailing whitespace or punctuation (git's own rule for GIT_AUTHOR_NAME)."""
+    crud = " .,:;<>\"'\\\t\n\r"
+    return "".join(c for c in text if c not in "<>\n").strip(crud).encode("utf-8", "replace")
+
+
+def _quoted(path: str) -> bytes:
+    """A path as fast-import reads one: C-style quoted, so a space, a quote or a line break in a
+    name under status/ is taken literally."""
+    if path.isprintable() and '"' not in path and "\\" not in path:
+        return path.encode("utf-8", "surrogateescape")  # taken as it is: the rest of the line
+    out = bytearray(b'"')
+    for b in path.encode("utf-8", "surrogateescape"):
+        if b in (0x22, 0x5C):
+            out += b"\\%c" % b
+        elif b < 0x20 or b == 0x7F:
+            out += b"\\%03o" % b
+        else:
+            out.append(b)
+    return bytes(out + b'"')
+
+
+def _index_files(root: Path, paths: list[str]) -> None:
+    """The real index's entries for ``paths`` set from the files (the commit's content), or
+    removed where a file is gone; the user's other entries stay as they are. ``--add`` records
+    each file's stat data, so the next ``git status`` need not hash it again (``--index-info``
+    would leave the entries without it: the next status of a first pass hashed 10,000 files)."""
+    p = subprocess.run(["git", "-C", str(root), "update-index", "--add", "--remove", "-z", "--stdin"],
+                       input="".join(f"{path}\0" for path in paths).encode("utf-8", "surrogateescape"),
+                       capture_output=True, timeout=120, env=git_env())
+    if p.returncode != 0:
+        raise GitError(f"git update-index failed: {p.stderr.decode('utf-8', 'replace').strip()[:500]}")
 
 
 def transitions_message(lines: list[str], files: int | None = None) -> str:

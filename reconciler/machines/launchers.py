@@ -41,15 +41,19 @@ def launch(t: Transport, spec: LaunchSpec) -> LaunchResult:
     return _launch_host(t, spec)
 
 
-# Delivers a queued job's secrets once its wrapper has started, from the login host, where they wait
-# in a 0700 folder of the login's own temporary space (never on the shared file system while the job
-# is queued). It ends when they are delivered, or the job ended, or its workspace went, or Slurm no
-# longer lists the job (checked every 30 s), and removes the folder on every way out.
-# Arguments: workspace, holding folder, job id.
+# Delivers a queued job's secrets, and its Storage's configuration and credentials, once its wrapper
+# has started, from the login host, where they wait in a 0700 folder of the login's own temporary
+# space (never on the shared file system while the job is queued). storage.env goes first and
+# secrets.env (empty for a run without secrets) last: the wrapper waits for secrets.env, so
+# storage.env is there when it reads it. It ends when they are delivered, or the job ended, or its
+# workspace went, or Slurm no longer lists the job (checked every 30 s), and removes the folder on
+# every way out. Arguments: workspace, holding folder, job id.
 SECRETS_DELIVERER = r"""ws=$1 hold=$2 id=$3 n=0
 while [ -d "$ws/runtime" ] && [ -f "$hold/runtime/secrets.env" ] && [ ! -e "$ws/runtime/result.json" ]; do
   if [ -e "$ws/runtime/started_at" ]; then
-    (umask 077; cp "$hold/runtime/secrets.env" "$ws/runtime/.secrets.env.tmp" \
+    (umask 077; if [ -f "$hold/runtime/storage.env" ]; then cp "$hold/runtime/storage.env" "$ws/runtime/.storage.env.tmp" \
+      && mv "$ws/runtime/.storage.env.tmp" "$ws/runtime/storage.env"; fi \
+      && cp "$hold/runtime/secrets.env" "$ws/runtime/.secrets.env.tmp" \
       && mv "$ws/runtime/.secrets.env.tmp" "$ws/runtime/secrets.env")
     break
   fi
@@ -66,9 +70,10 @@ rm -rf "$hold"
 
 
 def _hold_secrets(t: Transport, spec: LaunchSpec) -> str | None:
-    """The run's secrets into a fresh 0700 folder of the login host's temporary space; its path,
-    or None when the job was already submitted (adopted: its deliverer has them)."""
-    if not spec.secrets:
+    """The run's secrets and its Storage's environment into a fresh 0700 folder of the login host's
+    temporary space; its path, or None when there is nothing to hold or the job was already
+    submitted (adopted: its deliverer has them)."""
+    if not spec.secrets and not spec.storage_env:
         return None
     r = t.sh(_in_workspace(spec) + "if [ -s runtime/slurm_job ] || [ -e runtime/started_at ]; then exit 0; fi\n"
              'umask 077; mktemp -d "${TMPDIR:-/tmp}/rcl-secrets.XXXXXXXX"\n', timeout=30)
@@ -78,7 +83,9 @@ def _hold_secrets(t: Transport, spec: LaunchSpec) -> str | None:
     hold = r.out.strip()
     if not hold:
         return None
-    t.put_secret_file(hold, secrets_file(spec.secrets))
+    if spec.storage_env:
+        t.put_secret_file(hold, secrets_file(spec.storage_env), "storage.env")
+    t.put_secret_file(hold, secrets_file(spec.secrets or {}))  # last: the deliverer waits on it
     return hold
 
 
@@ -203,12 +210,12 @@ def _launch_docker(t: Transport, spec: LaunchSpec) -> LaunchResult:
     low = err.lower()
     if "no such image" in low or "unable to find image" in low or "pull access denied" in low:
         how = "pulling is disabled by the template (launch_mode.pull: false)" if not spec.pull else "pull failed"
-        _permanent(t, spec, f"image {spec.image!r} not found on {t.machine.name}; {how}")
+        _permanent(t, spec, f"image {spec.image!r} not found on {t.machine.name}; {how}", machine=True)
     if "conflict" in low and "already in use" in low:
         return LaunchResult(spec.identity, spec.workspace, adopted=True, container=spec.identity)
     if "could not select device driver" in low or "nvidia" in low and "gpu" in low:
         detail = next((line for line in err.splitlines() if "error" in line.lower()), err)[:200]
-        _permanent(t, spec, f"docker on {t.machine.name} cannot give GPUs to containers: {detail}")
+        _permanent(t, spec, f"docker on {t.machine.name} cannot give GPUs to containers: {detail}", machine=True)
     if r.rc == 97:
         raise TemporaryError(f"workspace {spec.workspace} missing on {t.machine.name}")
     raise TemporaryError(f"docker run on {t.machine.name} failed: {err[:300]}")
@@ -222,13 +229,14 @@ def _refuse_wrong_spec(t: Transport, spec: LaunchSpec, rc: int) -> None:
                              "or adopting it")
 
 
-def _permanent(t: Transport, spec: LaunchSpec, message: str) -> None:
+def _permanent(t: Transport, spec: LaunchSpec, message: str, machine: bool = False) -> None:
     """Record why the instance can never start in its result (later passes read the same reason and
-    do not retry it), then raise."""
+    do not retry it), then raise. ``machine``: never on this machine, but another may take the run
+    (planner/ruled_out.py): the launch is not the run's end, the next pass places it elsewhere."""
     doc = json.dumps({"state": "failed", "exit_code": 125, "finished_ts": int(time.time()), "message": message,
-                      "permanent": True})
+                      "permanent": True, **({"scope": "machine"} if machine else {})})
     t.sh(f"cd {shlex.quote(spec.workspace)} && printf '%s\\n' {shlex.quote(doc)} > runtime/result.json", timeout=30)
-    raise PermanentError(message)
+    raise (TemporaryError if machine else PermanentError)(message)
 
 
 def terminate(t: Transport, identity: str, workspace: str, grace: float) -> dict:

@@ -45,7 +45,9 @@ class TransportPool:
         self.factory = factory  # MachineInfo → transport, instead of SSH (the scale benchmark's simulation)
         self._machines = {}
         self._fleet_of = {}
-        self._source = {id(f.obj): f.rel for f in desired.files if f.obj is not None}
+        # Only Fleets and Providers name machines; a Run's model is not parsed for this.
+        self._source = {id(f.obj): f.rel for f in desired.files
+                        if f.kind in ("Fleet", "Provider") and f.obj is not None}
         for fleet in desired.fleets.values():
             for m in fleet.spec.machines:
                 self._machines[m.name] = m

@@ -46,6 +46,18 @@ class PlanBook:
     _runs_on: dict | None = None  # machine → names of the runs live there or placed there by this plan
     _effective: dict = field(default_factory=dict)  # id(run) → (run, its Effective)
     resources_memo: dict = field(default_factory=dict)  # resources overrides → validated Resources
+    shapes: dict = field(default_factory=dict)  # id(Effective) → its placement Shape (placement.py)
+    judged: dict = field(default_factory=dict)  # Shape → (room count, the verdicts) of a judged request without room
+    ruled_out: dict = field(default_factory=dict)  # run → machines this plan ruled out for it (ruled_out.py)
+    _placed: list = field(default_factory=list)  # (machine, run) placed before anything asked who runs where
+    _any_down: bool | None = None  # whether any machine of the world does not answer (asked once per plan)
+
+    def any_down(self) -> bool:
+        """Whether some machine does not answer: when none does, no start can be held for one
+        (fence.hold_unseen_launches), and the per-run search for them is skipped."""
+        if self._any_down is None:
+            self._any_down = any(not m.reachable and not m.heard for m in self.world.machines.values())
+        return self._any_down
 
     def effective(self, entry) -> Effective:
         """The run's effective spec, resolved once per plan: every decision about one run (quota,
@@ -57,8 +69,22 @@ class PlanBook:
                 run, effective(run, self.desired.templates[run.spec.template], self.resources_memo))
         return found[1]
 
+    def room_changed(self, slot, grew: bool = False) -> None:
+        """``slot``'s room changed: every room index that holds it re-reads it (two targets can
+        share a machine, each with its own index). ``grew``: room was given back, so a request
+        that found none may find some now."""
+        for index in self.rooms.values():
+            if slot.name in index.by_name:
+                index.changed(slot)
+        if grew:
+            self.no_room.clear()
+
     def placed_on(self, machine: str, name: str) -> None:
-        self._on().setdefault(machine, set()).add(name)
+        # Only affinity asks who runs where: most plans never build the map (every live identity parsed).
+        if self._runs_on is None:
+            self._placed.append((machine, name))
+        else:
+            self._runs_on.setdefault(machine, set()).add(name)
 
     def _on(self) -> dict:
         if self._runs_on is None:
@@ -68,6 +94,9 @@ class PlanBook:
                     p = parse(r.identity)
                     if r.alive and p is not None:
                         self._runs_on.setdefault(m.name, set()).add(p.name)
+            for machine, name in self._placed:
+                self._runs_on.setdefault(machine, set()).add(name)
+            self._placed.clear()
         return self._runs_on
 
     def runs_with(self, machine: str, labels: dict[str, str], other_than: str) -> list[str]:

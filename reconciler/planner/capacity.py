@@ -48,6 +48,9 @@ class Slot:
             return f"{self.memory_total - self.memory_used:g} GB free memory of {memory:g} wanted"
         return None
     _counts: dict = field(default_factory=dict, repr=False, compare=False)  # GPU type → free count (cache)
+    # Shared by one plan's slots: how many times any of them changed (a verdict computed at one
+    # count holds while it stays; see placement.py's constrained memo). None: not counted.
+    room: list | None = field(default=None, repr=False, compare=False)
     _of_type: dict = field(default_factory=dict, repr=False, compare=False)  # GPU type → its GPU indexes
 
     def free_count(self, gpu_type: str | None) -> int:
@@ -119,12 +122,16 @@ class Slot:
             self.cpu_used = max(0.0, self.cpu_used - (res.cpu_count or 0))
             self.memory_used = max(0.0, self.memory_used - (res.memory_gb or 0.0))
         self._counts.clear()
+        if self.room is not None:
+            self.room[0] += 1
 
     def take(self, gpu_count: int, gpu_type: str | None) -> list[int]:
         got = self._free(gpu_type)[:gpu_count]
         self.used_gpus.update(got)
         self.tasks += 1
         self._counts.clear()
+        if self.room is not None:
+            self.room[0] += 1
         return got
 
 
@@ -142,6 +149,9 @@ def _slots(desired: DesiredState, world: ObservedWorld, settings: PlanSettings) 
             slots[m.name] = Slot(m.name, "ssh", fleet.metadata.name, m.max_tasks, types, labels=dict(m.labels),
                                  gpu_memory={g.type.lower(): g.memory_gb for g in m.resources.gpus if g.memory_gb},
                                  cpu_total=m.resources.cpu_count, memory_total=m.resources.memory_gb)
+    room = [0]
+    for slot in slots.values():
+        slot.room = room
     memo: dict = {}  # live runs of equal resources share one resolution
     for name, obs in world.machines.items():
         slot = slots.get(name)
@@ -201,19 +211,26 @@ class RoomIndex:
         if not s.available():
             return
         f = s.free_count(key)
-        self.members[key].setdefault(f, set()).add(s.name)
-        heapq.heappush(self.heaps[key].setdefault(f, []), (s.tasks, s.name, self.version.get(s.name, 0)))
+        members = self.members[key].get(f)
+        if members is None:
+            members = self.members[key][f] = set()
+            self.heaps[key][f] = []
+        members.add(s.name)
+        heapq.heappush(self.heaps[key][f], (s.tasks, s.name, self.version.get(s.name, 0)))
         self.where[(key, s.name)] = f
 
     def best(self, gpu_type: str | None, count: int) -> Slot | None:
         key = gpu_type.lower() if gpu_type else None
         self._built(key)
+        members, heaps, version, where = self.members[key], self.heaps[key], self.version, self.where
         found = None
-        for f in sorted(b for b in self.members[key] if b >= count and self.members[key][b]):
-            heap = self.heaps[key][f]
+        for f in sorted(members):  # a bucket per free count: a handful
+            if f < count or not members[f]:
+                continue
+            heap = heaps[f]
             while heap:
                 tasks, name, ver = heap[0]
-                if ver != self.version.get(name, 0) or self.where.get((key, name)) != f:
+                if ver != version.get(name, 0) or where.get((key, name)) != f:
                     heapq.heappop(heap)  # an entry from before the machine last changed
                     continue
                 cand = (tasks, name)

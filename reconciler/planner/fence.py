@@ -19,9 +19,13 @@ waits for it (``evaporated``).
 from __future__ import annotations
 
 from reconciler.core.actions import Action
+from reconciler.core.identity import parse
+from reconciler.core.names import LOCAL
 from reconciler.core.observed import ObservedRun, ObservedWorld
 from reconciler.core.plan import Change, Kill, Plan
 from reconciler.core.runstatus import TERMINAL, RunStatus, iso
+
+from .capacity import _candidates
 
 STARTS = (Action.LAUNCH, Action.RELAUNCH, Action.PROVISION)
 
@@ -85,15 +89,19 @@ def _to_stop(c: Change, instances: list[ObservedRun]) -> list[Kill]:
     """The live nodes (or one-machine instances) of ``c``'s run that ``c`` neither stops already
     nor keeps: it keeps its own identity while that still runs, unless it starts a new attempt."""
     have = {k.identity for k in c.kill}
+    pairs = {(k.machine, k.identity) for k in c.kill}
     keep = None if c.action in STARTS else c.identity
+    # The same identity on two machines (one launched unseen, then declared lost after the grace):
+    # only the one on the change's machine is kept.
+    twice = sum(r.identity == keep for r in instances) > 1 and c.machine is not None
     out = []
     for r in instances:
-        if r.identity in have:
+        if r.identity in have and not twice:
             continue
         for n in r.nodes or [r]:
-            if not (n.alive or n.lingering) or n.identity in have:
+            if not (n.alive or n.lingering) or (n.identity in have and not twice) or (n.machine, n.identity) in pairs:
                 continue
-            if r.identity == keep and n.state == "running":
+            if r.identity == keep and n.state == "running" and not (twice and r.machine != c.machine):
                 continue
             out.append(Kill(n.machine, n.identity, n.workspace))
     return out
@@ -109,3 +117,73 @@ def evaporated(world: ObservedWorld, machine: str) -> bool:
         return False
     r = world.rentals.get(machine)
     return r is None or r.state == "terminated"
+
+
+def hold_unseen_launches(changes: list[Change], name: str, prev: RunStatus | None, world: ObservedWorld,
+                         machines: list[str], now: float, grace: float) -> None:
+    """A start of an identity that no machine in sight holds and the status does not record waits
+    while one of ``machines`` (where the run may be placed) does not answer, within the unreachable
+    grace: a pass killed between its launch and its status push may have started an attempt
+    there that git never heard of. Numbering past it blind could give its identity to another
+    spec's content, and starting elsewhere would run two attempts at once. Once the machine answers
+    its instance is in sight (adopted, or numbered past and fenced); once the grace has passed it
+    is declared lost like any other, and fenced when it is back."""
+    recorded = prev.handle.identity if prev is not None and prev.handle is not None else None
+    # A machine holding the recorded attempt is held for by hold_for_unreachable, which keeps that
+    # attempt in the status.
+    held = _machines_of(prev.handle) if recorded and prev.phase not in TERMINAL else []
+    down = [(where, m, until) for where in machines if (m := world.machines.get(where)) is not None
+            and not m.reachable and not m.heard and not evaporated(world, where)
+            and now < (until := (m.unreachable_since or now) + grace)]
+    if not down or any(where in held for where, _, _ in down):
+        return
+    where, m, until = down[0]
+    for c in changes:
+        if c.phase is None or c.action not in STARTS or c.identity in (None, recorded):
+            continue
+        if world.find(c.identity) is None:  # staged or found: its identity is in sight already
+            _wait_unseen(c, name, prev, where, m.error, until, now)
+
+
+def _wait_unseen(c: Change, name: str, prev: RunStatus | None, where: str, error: str, until: float,
+                 now: float) -> None:
+    """``c`` becomes a wait that leaves the status as it was (its generation, attempt and spec), so
+    nothing of the start it holds back is recorded; an ended attempt it would have collected first
+    is collected now."""
+    # No countdown in the text: an unchanged wait leaves the status byte-identical.
+    c.reason = (f"{where} does not answer ({error or 'no reply'}) and may hold a launch of {name} "
+                f"that never reached git; {c.identity} starts once it answers, or at {iso(until)} "
+                "when it is declared lost")
+    c.action, c.code, c.phase = Action.WAIT, "MachineUnreachable", "Pending"
+    c.machine, c.workspace, c.nodes, c.gpus, c.rental, c.resume_from = None, None, [], [], None, None
+    if prev is not None and prev.generation > 0:
+        c.generation, c.attempt = prev.generation, prev.attempt
+        c.spec_digest, c.spec_path = prev.spec.digest, prev.spec.path
+        c.identity = prev.handle.identity if prev.handle is not None and prev.handle.identity else c.identity
+    if c.collect_first is not None:
+        k = c.collect_first
+        c.action, c.identity, c.machine, c.workspace = Action.COLLECT, k.identity, k.machine, k.workspace
+    c.collect_first = None
+    c.retry_after = min(until - now, 60.0)
+
+
+def launch_machines(name: str, eff, slots: dict, cache: dict | None, slurm: str | None, rents: bool,
+                    prev: RunStatus | None, world: ObservedWorld) -> list[str]:
+    """The machines that could hold an attempt of ``name`` that the status does not record: where
+    its placement may put it (its Slurm cluster, the owned machines its target names, the rentals
+    named for it when it rents), and the machines its status names."""
+    out: list[str] = []
+    if slurm is not None:
+        out.append(slurm)
+    elif eff.placement == "ssh":
+        out.extend(s.name for s in _candidates(slots, eff.placement, eff.target, cache))
+    if rents:
+        out.extend(m for m, r in world.rentals.items() if _run_of(r.identity) == name)
+    if prev is not None and prev.handle is not None:
+        out.extend(_machines_of(prev.handle))
+    return [m for m in dict.fromkeys(out) if m != LOCAL]
+
+
+def _run_of(identity: str) -> str | None:
+    p = parse(identity)
+    return p.name if p is not None else None

@@ -36,9 +36,7 @@ def _place_gang(name, eff, candidates, res, ident, action, code, why, stale, bas
         gpus = slot.hold(res, t)
         if book is not None:
             book.placed_on(slot.name, name)
-            index = book.rooms.get(id(candidates))
-            if index is not None:
-                index.changed(slot)
+            book.room_changed(slot)
         nodes.append(Node(slot.name, node_identity(ident, rank), gpus=gpus))
     considered = [f"{n.machine}: node n{k}" + (" (the rendezvous)" if k == 0 else "") for k, n in enumerate(nodes)]
     considered += [f"{slot.name}: fits, not needed" for _, slot in ranked[res.nodes:]][:SHOWN] + shown
@@ -70,9 +68,7 @@ def _free_nodes(gang: ObservedRun, slots: dict[str, Slot], book, res) -> None:
             continue
         slot.give_back(r.gpus, res)
         if book is not None:
-            for index in book.rooms.values():
-                if slot.name in index.by_name:
-                    index.changed(slot)
+            book.room_changed(slot, grew=True)
 
 
 def expand_gangs(plan: Plan, world: ObservedWorld) -> None:
@@ -90,7 +86,10 @@ def expand_gangs(plan: Plan, world: ObservedWorld) -> None:
         return out
 
     for c in plan.changes:
-        c.kill, c.cleanup = flat(c.kill), flat(c.cleanup)
+        if c.kill:
+            c.kill = flat(c.kill)
+        if c.cleanup:
+            c.cleanup = flat(c.cleanup)
         if c.collect_first is not None and nodes_of(c.collect_first.identity):
             c.collect_nodes = [Node(r.machine, r.identity, r.workspace, list(r.gpus))
                                for r in nodes_of(c.collect_first.identity)]

@@ -35,8 +35,10 @@ def _accounted(plan: Plan) -> set[str]:
     """Identities some change of the plan already deals with."""
     covered: set[str] = set()
     for c in plan.changes:
-        covered.update(k.identity for k in c.kill)
-        covered.update(k.identity for k in c.cleanup)
+        if c.kill:  # most changes stop nothing: no generator made for them
+            covered.update(k.identity for k in c.kill)
+        if c.cleanup:
+            covered.update(k.identity for k in c.cleanup)
         if c.collect_first is not None:
             covered.add(c.collect_first.identity)
         if c.identity:
@@ -100,7 +102,7 @@ def _leftovers(plan: Plan, world: ObservedWorld, protected: set[str], known: set
     run the repository does not know at all. Earlier attempts of the current generation stay until
     the run's final collection removes them with the rest.
     """
-    current_gen = {c.name: c.generation for c in plan.changes if c.phase is not None}
+    current_gen = None  # run → its current generation, gathered from the plan once a leftover needs it
     out = []
     for m in world.machines.values():
         if not m.reachable:
@@ -114,6 +116,8 @@ def _leftovers(plan: Plan, world: ObservedWorld, protected: set[str], known: set
                 continue
             # A local workspace is also the attempt's local record (remote ones are fetched into
             # one): it stays, marked collected, while its run is known.
+            if current_gen is None:
+                current_gen = {c.name: c.generation for c in plan.changes if c.phase is not None}
             remove = (r.state == "staged" or p.name not in known
                       or (m.name != LOCAL and current_gen.get(p.name) != p.generation))
             what = "staged but never started" if r.state == "staged" else r.state

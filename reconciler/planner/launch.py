@@ -20,6 +20,8 @@ from .placement import _launch_action, _place
 from .quota import _offer_gpus
 from .rentals import place_rental
 
+STARTS = (Action.LAUNCH, Action.RELAUNCH, Action.PROVISION)  # what takes room and quota
+
 
 def launch(name: str, entry: RunEntry, prev: RunStatus | None, desired: DesiredState, book: PlanBook,
            missing: list[str], stale: list[Kill], base: dict, gen: int, next_attempt: int, code: str, why: str,
@@ -28,52 +30,55 @@ def launch(name: str, entry: RunEntry, prev: RunStatus | None, desired: DesiredS
     release of a rental that timed out before it). The run's lifecycle binds the arguments up to
     ``gen``; the rest are the launch's own."""
     run = entry.run
+    ident = make(name, gen, next_attempt)
     if missing:
         # Staging nothing and spending no attempt: the launch happens on the first pass after
         # the secret is set. Stale instances are still stopped: they run a spec not wanted.
         return [Change(name, Action.WAIT, "SecretMissing",
                        f"secret(s) {', '.join(missing)} not set on the reconciler host; "
-                       f"{make(name, gen, next_attempt)} launches once they are",
-                       "Pending", identity=make(name, gen, next_attempt), kill=stale,
+                       f"{ident} launches once they are",
+                       "Pending", identity=ident, kill=stale,
                        retry_after=30.0, **base)]
     if resume_from is None and next_attempt > 1 and getattr(run.spec.task, "resume", "never") == "auto":
         # A relaunch finished on a later pass (its rental was being provisioned, or it was
         # staged by a pass that died) resumes like the pass that decided it would have.
         resume_from = make(name, gen, next_attempt - 1)
-    template = desired.templates[entry.run.spec.template]
-    eff = book.effective(entry) if book is not None else effective(entry.run, template)
+    template = desired.templates[run.spec.template]
+    eff = book.effective(entry) if book is not None else effective(run, template)
     quotas = getattr(book, "quotas", None)
-    nbase = dict(base, attempt=next_attempt)
+    nbase = base if base["attempt"] == next_attempt else dict(base, attempt=next_attempt)
     wanted_gpus = eff.resources.gpu_count * eff.resources.nodes
     if quotas is not None:
         over = quotas.exceeded(name, wanted_gpus)
         if over:
-            return [Change(name, Action.WAIT, "QuotaExceeded", over, "Pending",
-                           identity=make(name, gen, next_attempt),
+            return [Change(name, Action.WAIT, "QuotaExceeded", over, "Pending", identity=ident,
                            kill=stale, retry_after=60.0, **nbase)]
-    if template.placement.slurm is not None:
+    placement = template.placement
+    if placement.slurm is not None:
         # The cluster's scheduler places it: the run is submitted, and waits in Slurm's queue
         # (with Slurm's reason in the status) rather than in this reconciler's.
-        out = [_submit(name, template.placement.slurm, eff, make(name, gen, next_attempt), code, why, stale,
-                       nbase, resume_from)]
-    elif template.placement.kind == "rental" and book is not None:
+        out = [_submit(name, placement.slurm, eff, ident, code, why, stale, nbase, resume_from)]
+    elif placement.kind == "rental" and book is not None:
         action = _launch_action(stale, code)
-        out = place_rental(book, name, entry, eff, prev, make(name, gen, next_attempt),
-                           action, code, why, stale, nbase, resume_from)
+        out = place_rental(book, name, entry, eff, prev, ident, action, code, why, stale, nbase, resume_from)
     else:
-        out = _place(name, entry, desired, book.slots, make(name, gen, next_attempt), code, why, stale,
-                     nbase, resume_from, book, eff)
+        out = _place(name, entry, desired, book.slots, ident, code, why, stale, nbase, resume_from, book, eff)
     c = out[-1]
-    if quotas is not None and c.action in (Action.LAUNCH, Action.RELAUNCH, Action.PROVISION):
-        note = quotas.borrowing(name, wanted_gpus)
-        if note:
-            c.considered = c.considered + [note]
-        gpus = wanted_gpus
-        if c.rental and c.action == Action.PROVISION:
-            gpus = _offer_gpus(desired, c.rental.get("provider"), c.rental.get("offer")) or gpus
-        quotas.add(name, gpus,
-                   (c.rental or {}).get("price_per_hour") or 0.0 if c.action == Action.PROVISION else 0.0)
+    if quotas is not None and c.action in STARTS:
+        _count(quotas, desired, name, c, wanted_gpus)
     return out
+
+
+def _count(quotas, desired: DesiredState, name: str, c: Change, wanted_gpus: int) -> None:
+    """The launch's GPUs (a new rental's: its offer's) and price added to its team's usage; a
+    launch past the team's own maxGpus says whose unused quota it borrows."""
+    note = quotas.borrowing(name, wanted_gpus)
+    if note:
+        c.considered = c.considered + [note]
+    gpus = wanted_gpus
+    if c.rental and c.action == Action.PROVISION:
+        gpus = _offer_gpus(desired, c.rental.get("provider"), c.rental.get("offer")) or gpus
+    quotas.add(name, gpus, (c.rental or {}).get("price_per_hour") or 0.0 if c.action == Action.PROVISION else 0.0)
 
 
 def _submit(name: str, s, eff, ident: str, code: str, why: str, stale: list[Kill], base: dict,

@@ -8,15 +8,17 @@ from functools import partial
 
 from reconciler.core.actions import Action
 from reconciler.core.identity import make, node_of, parse
-from reconciler.core.names import LOCAL, SLURM_PREFIX
+from reconciler.core.names import LOCAL, SLURM_PREFIX, slurm_machine
 from reconciler.core.observed import ObservedRun, ObservedWorld
 from reconciler.core.plan import Change, Kill, Node, PlanSettings
 from reconciler.core.runstatus import TERMINAL, RunStatus, iso, parse_iso
 from reconciler.spec.load import DesiredState, RunEntry
 
 from .book import PlanBook
+from .fence import STARTS, hold_unseen_launches, launch_machines
 from .gangs import _free_nodes, _resources, _stop_nodes
 from .launch import launch as _launch
+from . import ruled_out
 from .render import _short
 from .slurm_ends import slurm_verdict
 from .stop import _on_unreachable
@@ -29,6 +31,7 @@ def _running(name: str, entry: RunEntry, prev: RunStatus | None, world: Observed
         # Stopped by this pass's change: their room is the relaunch's.
         _free_nodes(g, book.slots, book, _resources(entry, desired, book))
     changes = _running_changes(name, entry, prev, world, desired, settings, now, missing, book)
+    _hold_unseen(changes, name, entry, prev, world, desired, settings, now, book)
     for g in ended:
         # An attempt on several machines ends on every node at once: the nodes still running are
         # stopped with the run's change (their workers too: terminate stops every process that
@@ -42,6 +45,18 @@ def _running(name: str, entry: RunEntry, prev: RunStatus | None, world: Observed
                          if r.identity != c.identity and not r.alive and r.machine != LOCAL
                          and r.state != "unknown"]
     return changes
+
+
+def _hold_unseen(changes, name, entry, prev, world, desired, settings, now, book) -> None:
+    """A new identity waits for the machines that could hold an unrecorded launch (fence.py)."""
+    if not book.any_down() or not any(c.action in STARTS for c in changes):
+        return
+    template = desired.templates[entry.run.spec.template]
+    slurm = slurm_machine(template.placement.slurm) if template.placement.slurm is not None else None
+    eff = book.effective(entry)
+    rents = template.placement.kind == "rental" or template.placement.fallback == "rental"
+    machines = launch_machines(name, eff, book.slots, book.candidates, slurm, rents, prev, world)
+    hold_unseen_launches(changes, name, prev, world, machines, now, settings.unreachable_grace)
 
 
 def _gang_changes(name, entry, prev, obs, world, desired, settings, now, launch, base, policy, stale, book):
@@ -131,6 +146,11 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
     policy = run.spec.restartPolicy
     instances = world.instances(name)
     gen = generation_for(entry, prev, instances)
+    if prev is None and not instances:
+        # A new run with nothing of it anywhere (the bulk of a queue): nothing to adopt, fence or
+        # wait for, so it is the launch the cases below would reach, without walking them.
+        return _launch(name, entry, prev, desired, book, missing, [], dict(
+            generation=gen, attempt=1, spec_digest=entry.digest, spec_path=entry.rel), gen, 1, "NewRun", "new run")
     same_spec = prev is not None and prev.generation == gen and prev.spec.digest == entry.digest
     attempt = prev.attempt if (same_spec and prev.attempt) else 1
     for r in instances:  # an attempt launched by a pass whose status never reached git
@@ -138,8 +158,9 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
         if p and p.generation == gen and p.attempt > attempt and r.built_for(entry.digest):
             attempt = p.attempt
     ident = make(name, gen, attempt)
-    obs = world.find(ident)
-    stale = [Kill(r.machine, r.identity, r.workspace) for r in instances if r.alive and r.identity != ident]
+    obs = _one_of(ident, world, instances, entry, prev)
+    stale = [Kill(r.machine, r.identity, r.workspace) for r in instances
+             if r.alive and (r.identity != ident or r is not obs)]
     base = dict(generation=gen, attempt=attempt, spec_digest=entry.digest, spec_path=entry.rel)
     changed = prev is not None and prev.generation > 0 and not same_spec
 
@@ -164,6 +185,17 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
         return _found_running(name, entry, prev, desired, obs, ident, stale, base, handle_ident, now)
     return _found_ended(name, entry, prev, desired, obs, ident, stale, base, handle_ident, now, launch, policy,
                         attempt)
+
+
+def _one_of(ident, world, instances, entry, prev) -> ObservedRun | None:
+    """The instance of ``ident``. Where a machine back after its grace holds the same identity too
+    (launched by a pass whose status never reached git), the one built from this spec on the
+    recorded machine is it; the other is stale, like any other attempt."""
+    same = [r for r in instances if r.identity == ident]
+    if len(same) < 2:
+        return world.find(ident)
+    where = prev.handle.machine if prev is not None and prev.handle is not None else None
+    return min(same, key=lambda r: (not r.built_for(entry.digest), r.machine != where, r.machine))
 
 
 def _not_found(name, entry, prev, world, settings, now, launch, base, policy, instances, ident, gen, attempt,
@@ -309,6 +341,10 @@ def _after_failure(name, entry, prev, ident, obs, why, now, launch, base, policy
     attempt = base["attempt"]
     exit_code = obs.exit_code if obs is not None else None
     retries_used = attempt - 1 - ((prev.preemptions or 0) if prev is not None else 0)  # preemptions are not failures
+    moved, ruled = ruled_out.elsewhere(name, entry, prev, ident, obs, why, launch, base)  # the machine's end
+    if moved is not None:
+        return moved
+    retries_used -= ruled_out.not_retries(prev, base["generation"])  # nor ends on a ruled-out machine
     if obs is not None and obs.permanent and no_retry is None:  # e.g. the precheck refused the environment
         no_retry = "not retried: retrying cannot help"
     if no_retry is not None:
@@ -337,7 +373,7 @@ def _after_failure(name, entry, prev, ident, obs, why, now, launch, base, policy
     phase = "Failed"
     if obs is not None and not obs.collected:
         return [Change(name, Action.COLLECT, code, f"{why}; {no_retry}", phase, identity=ident,
-                       machine=obs.machine, workspace=obs.workspace, exit_code=exit_code, **base)]
+                       machine=obs.machine, workspace=obs.workspace, exit_code=exit_code, ruled_out=ruled, **base)]
     if prev is not None and prev.phase == phase and prev.attempt == attempt:
         return [Change(name, Action.NONE, "Done", "failed; no retries left", phase, identity=ident,
                        exit_code=prev.exit_code, **base)]

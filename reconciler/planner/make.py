@@ -103,22 +103,24 @@ def _make_plan(desired, world, previous, now, settings, settled, missing_secrets
     invalid = {n for n in desired.invalid if n not in desired.runs}
     # Runs already holding a slot keep it; launches are placed by priority (then first come, first
     # served, with a Policy; then by name), and the plan lists every run in name order.
+    changes, runs, preempted = plan.changes, desired.runs, book.preempted  # read for every run
     for name in placement_order(desired, names, previous, book.quotas):
         prev = previous.get(name)
         if name in invalid:
-            plan.changes.append(_invalid(name, desired.invalid[name], prev, world))
+            changes.append(_invalid(name, desired.invalid[name], prev, world))
             continue
-        entry = desired.runs.get(name)
+        entry = runs.get(name)
         if entry is None or entry.run.spec.desiredState == "Stopped":
-            plan.changes.append(_stop(name, entry, prev, world))
+            changes.append(_stop(name, entry, prev, world))
             continue
-        if name in book.preempted:
-            plan.changes.append(_preempted(name, entry, prev, book.preempted[name]))
+        if name in preempted:
+            changes.append(_preempted(name, entry, prev, preempted[name]))
             continue
-        plan.changes.extend(_running(name, entry, prev, world, desired, settings, now,
-                                     missing_secrets.get(name, []), book))
+        changes.extend(_running(name, entry, prev, world, desired, settings, now,
+                                missing_secrets.get(name, ()), book))
     position = {n: i for i, n in enumerate(names)}
-    plan.changes.sort(key=lambda c: position.get(c.name, len(position)))  # stable: a run's own order kept
+    last = len(position)
+    plan.changes.sort(key=lambda c: position.get(c.name, last))  # stable: a run's own order kept
     by_run = {c.name: c for c in plan.changes if c.phase is not None} if missing_secrets else {}
     for name, secrets in sorted(missing_secrets.items()):
         entry, change = desired.runs.get(name), by_run.get(name)

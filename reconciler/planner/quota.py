@@ -45,9 +45,13 @@ def placement_order(desired: DesiredState, names: list[str], previous: dict[str,
 
     groups: dict[int, list[str]] = {}
     values: dict = {}  # priority class asked for → its value: a few classes, thousands of runs
+    label = desired.policy.spec.teamLabel if desired.policy is not None and quotas is not None else None
     for name in names:
         entry = desired.runs.get(name)
-        wanted = entry.run.spec.priority if entry is not None else None
+        run = entry.run if entry is not None else None
+        if label is not None:  # the team read with the rest of the run: one visit of each spec, not two
+            quotas.known(name, run.metadata.labels.get(label) if run is not None else None)
+        wanted = run.spec.priority if run is not None else None
         value = values.get(wanted)
         if value is None:
             value = values[wanted] = priority_of(desired, entry)[0]
@@ -67,26 +71,37 @@ def _fair(group: list[str], quotas: "Quotas", since) -> Iterator[str]:
     entries keyed before are skipped when they come up, so the choice is the minimum over every
     team's current key, as a scan of all of them would find."""
     queues: dict[str, deque[str]] = {}
+    first = {name: since(name) for name in group}  # read at every re-keying: looked up once
     order = sorted(group)
-    order.sort(key=since)  # stable: by first record, then by name
+    order.sort(key=first.__getitem__)  # stable: by first record, then by name
     for name in order:
         queues.setdefault(quotas.team(name) or "", deque()).append(name)
     keys: dict[str, tuple] = {}
     heap: list[tuple] = []
+    weight = {team: quotas.weight(team) for team in queues}  # the Policy is fixed: its shares too
+    usage, none = quotas.usage, (0.0, 0.0)
 
-    def rekey(team: str) -> None:
-        keys[team] = (quotas.share_used(team), since(queues[team][0]), team)
-        heapq.heappush(heap, keys[team])
+    def rekey(team: str) -> None:  # the key share_used() gives, without its look-ups
+        key = keys[team] = (usage.get(team, none)[0] / weight[team], first[queues[team][0]], team)
+        heapq.heappush(heap, key)
 
     for team in queues:
         rekey(team)
     quotas.changed.clear()
-    while queues:  # every team still queued has its current key in the heap, once changes are keyed
-        for team in quotas.changed:
-            if team in queues:
-                rekey(team)
-        quotas.changed.clear()
-        key = heapq.heappop(heap)
+    held = None  # the last team's new key, not pushed: a waiting queue keeps one team first for long
+    while queues:  # every team still queued has its current key in the heap (or held), once changes are keyed
+        if quotas.changed:
+            for team in quotas.changed:
+                if team in queues:
+                    rekey(team)
+            quotas.changed.clear()
+        if held is not None and keys.get(held[2]) is held and (not heap or held <= heap[0]):
+            key = held  # what pushing it and popping the least would give
+        else:
+            if held is not None:
+                heapq.heappush(heap, held)
+            key = heapq.heappop(heap)
+        held = None
         team = key[2]
         if keys.get(team) != key:
             continue  # keyed again since, or done
@@ -94,7 +109,10 @@ def _fair(group: list[str], quotas: "Quotas", since) -> Iterator[str]:
         if not queues[team]:
             del queues[team], keys[team]
         elif team not in quotas.changed:  # else keyed again at the top, with its new usage
-            rekey(team)
+            held = keys[team] = (usage.get(team, none)[0] / weight[team], first[queues[team][0]], team)
+
+
+_UNKNOWN = object()  # a run whose team is not looked up yet (None: it has none)
 
 
 @dataclass
@@ -106,10 +124,9 @@ class Quotas:
     _teams: dict = field(default_factory=dict, repr=False)  # run name → its team (the desired state is fixed)
 
     def team(self, name: str) -> str | None:
-        try:
-            return self._teams[name]  # asked for every comparison and placement: once per run suffices
-        except KeyError:
-            pass
+        team = self._teams.get(name, _UNKNOWN)  # asked for every comparison and placement: once per run suffices
+        if team is not _UNKNOWN:
+            return team
         entry = self.desired.runs.get(name)
         if entry is None or self.desired.policy is None:
             team = None
@@ -117,6 +134,10 @@ class Quotas:
             team = entry.run.metadata.labels.get(self.desired.policy.spec.teamLabel)
         self._teams[name] = team
         return team
+
+    def known(self, name: str, team: str | None) -> None:
+        """The run's team, read by whoever reads its spec anyway (as ``team`` would find it)."""
+        self._teams[name] = team
 
     def limits(self, team: str | None):
         if team is None or self.desired.policy is None:
@@ -166,9 +187,12 @@ class Quotas:
 
     def share_used(self, team: str) -> float:
         """GPUs the team holds per GPU of its share (maxGpus; 1 for a team without one)."""
+        return self.usage.get(team, [0.0, 0.0])[0] / self.weight(team)
+
+    def weight(self, team: str) -> int:
+        """The team's share: its maxGpus, or 1 for a team without one."""
         lim = self.limits(team or None)
-        weight = lim.maxGpus if lim is not None and lim.maxGpus else 1
-        return self.usage.get(team, [0.0, 0.0])[0] / weight
+        return lim.maxGpus if lim is not None and lim.maxGpus else 1
 
     def add(self, name: str, gpus: float, price: float) -> None:
         if self.desired.policy is None:

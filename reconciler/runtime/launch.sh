@@ -98,6 +98,7 @@ finish() {
 
 stop_helpers() {
     [ -n "$hb" ] && kill "$hb" 2>/dev/null
+    [ -n "$stamper" ] && kill -TERM "$stamper" 2>/dev/null  # it takes a last look, then exits
     [ -n "$sampler" ] && kill -TERM "$sampler" 2>/dev/null
 }
 
@@ -154,6 +155,16 @@ if [ -n "$py" ] && [ -f scripts/gpu_sampler.py ] && [ "${RECONCILER_GPU_SAMPLER:
     "$py" scripts/gpu_sampler.py --out artifacts/nvml-audit.jsonl --interval "${RECONCILER_SAMPLE_INTERVAL:-1}" \
         --watch-pid $$ </dev/null >>runtime/runtime.log 2>&1 &
     sampler=$!
+fi
+
+# When each line of stdout and stderr was written (docs/cli.md, "Logs: interleaved"): a watcher
+# of the two files' sizes, never between the job and its files, so its end cannot stop the job.
+stamper=""
+if [ -n "$py" ] && [ -f scripts/log_stamp.py ]; then
+    [ -e artifacts/logs.index ] || printf '# reconciler log index v1\n' > artifacts/logs.index
+    "$py" scripts/log_stamp.py --index artifacts/logs.index --stdout artifacts/stdout.log \
+        --stderr artifacts/stderr.log --watch-pid $$ </dev/null >>runtime/runtime.log 2>&1 &
+    stamper=$!
 fi
 
 if [ -n "$multi" ]; then

@@ -61,6 +61,11 @@ Output
 ------
 ``--json PATH``: one JSON object (``"schema": "reconciler.precheck/1"``, ``ok``, ``reason``,
 ``python``, ``platform``, ``packages``, ``torch``, ``swift``, ``nvml``, ``checks``, ``missing``).
+A refusal that is the machine's, not the spec's (``--expect-gpus N``: the GPUs the run was given
+are not visible, or there is no CUDA driver) adds ``scope: "machine"``, ``kind`` (``no-gpu``,
+``no-cuda-driver``), ``path`` (the interpreter), ``login`` and ``machine``: the control plane rules
+this machine out for the run and tries another. The entrypoint's shell check before this script
+writes the same fields for an interpreter that is missing, not executable or does not start.
 ``--log PATH``: the same facts as readable lines, for a human looking at the run's folder.
 Both are written atomically (temporary file, then rename).
 """
@@ -74,6 +79,9 @@ import platform
 import socket
 import sys
 import time
+
+# Shipped beside this script (scripts/), found through the script's own folder on sys.path.
+from precheck_gpus import check_gpus, collect_nvml, error_text as _err, login
 
 SCHEMA = "reconciler.precheck/1"
 EXIT_OK = 0
@@ -89,16 +97,6 @@ PACKAGES = {
     "accelerate": ("accelerate", "accelerate"),
     "nvidia-ml-py": ("nvidia-ml-py", "pynvml"),
 }
-
-
-def _err(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _s(value):
-    """NVML returns bytes in old pynvml releases and str in new ones."""
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 def collect_python() -> dict:
@@ -201,50 +199,6 @@ def collect_torch() -> dict:
         info.setdefault("device_count", 0)
         info.setdefault("devices", [])
         info["cuda_error"] = _err(exc)
-    return info
-
-
-def collect_nvml() -> dict:
-    info = {"available": False}
-    try:
-        import pynvml
-    except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        info["error"] = "pynvml not importable: " + _err(exc)
-        return info
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:  # NVMLError_LibraryNotFound on a host without the driver
-        info["error"] = str(exc) or type(exc).__name__
-        return info
-    try:
-        info["available"] = True
-        info["driver_version"] = _s(pynvml.nvmlSystemGetDriverVersion())
-        try:
-            cuda = pynvml.nvmlSystemGetCudaDriverVersion()
-            info["cuda_driver_version"] = f"{cuda // 1000}.{cuda % 1000 // 10}"
-        except Exception:
-            info["cuda_driver_version"] = None
-        devices = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            dev = {"index": i}
-            try:
-                h = pynvml.nvmlDeviceGetHandleByIndex(i)
-                dev["name"] = _s(pynvml.nvmlDeviceGetName(h))
-                dev["uuid"] = _s(pynvml.nvmlDeviceGetUUID(h))
-                dev["memory_total_mib"] = int(pynvml.nvmlDeviceGetMemoryInfo(h).total) // (1 << 20)
-            except Exception as exc:
-                dev["error"] = _err(exc)
-            devices.append(dev)
-        info["devices"] = devices
-    except Exception as exc:
-        info["error"] = _err(exc)
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
     return info
 
 
@@ -449,6 +403,8 @@ def run(args) -> int:
         checks.append(check_version(args.expect_swift_version, report["swift"]))
     if args.expect_swift_fork:
         checks.append(check_fork(args.expect_swift_fork, report["swift"]))
+    if args.expect_gpus:
+        checks.append(check_gpus(args.expect_gpus, report["torch"], report["nvml"]))
     report["checks"] = checks
     pk = report["packages"] if isinstance(report["packages"], dict) else {}
     report["missing"] = sorted(k for k, v in pk.items() if isinstance(v, dict) and not v.get("present"))
@@ -456,6 +412,10 @@ def run(args) -> int:
     if failed:
         report["ok"] = False
         report["reason"] = "; ".join(c["reason"] for c in failed)
+        if all(c.get("scope") == "machine" for c in failed):
+            # Nothing the spec can fix: the probe rules this machine out for the run (docs/machines.md).
+            report.update(scope="machine", kind=failed[0].get("kind"), path=sys.executable, login=login(),
+                          machine=socket.gethostname())
     report["duration_s"] = round(time.monotonic() - t0, 3)
 
     if args.json:
@@ -477,6 +437,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="machine-readable report")
     parser.add_argument("--expect-swift-fork", metavar="MANIFEST_JSON", help="fork manifest the swift import must match")
     parser.add_argument("--expect-swift-version", metavar="V", help="version swift.__version__ must equal")
+    parser.add_argument("--expect-gpus", metavar="N", type=int, default=0,
+                        help="GPUs the run was given here, which this login must see")
     parser.add_argument("--write-fork-manifest", metavar="SWIFT_PKG_DIR",
                         help="print a fork manifest for the swift package folder SWIFT_PKG_DIR and exit")
     parser.add_argument("--name", help="with --write-fork-manifest: the fork's name")

@@ -47,7 +47,8 @@ from .stop import finish, terminate
 IDENTITY = re.compile(r"^(?P<name>[a-z0-9]([-a-z0-9]*[a-z0-9])?)-g(?P<gen>[0-9]+)-a(?P<attempt>[0-9]+)"
                       r"(-n[0-9]+)?\Z")  # identity.py's: a node of a run on several machines ends in -n<rank>
 TAIL_BYTES = 8192
-PRECHECK_EXIT = 3  # precheck.py: the environment does not match the spec
+# precheck.py: the environment does not match the spec; the entrypoint: no interpreter to run it with
+PRECHECK_EXITS = (3, 127)
 DRAIN_FILE = os.path.join("~", ".reconciler", "drain")
 
 
@@ -164,18 +165,18 @@ def _progress(ws, best=False):
 
 
 def _precheck_failure(ws):
-    """The precheck's reason when it refused the run (artifacts/runtime-precheck.json, ok: false)."""
+    """The precheck's reason when it refused the run (artifacts/runtime-precheck.json, ok: false),
+    and whether the refusal is the machine's (``scope: machine``: another machine may take the run)."""
     text = _read(os.path.join(ws, "artifacts", "runtime-precheck.json"), 1 << 20)
-    if not text:
-        return None
     try:
-        rep = json.loads(text)
+        rep = json.loads(text) if text else None
     except (ValueError, RecursionError):
-        return None
+        return None, None
     if isinstance(rep, dict) and rep.get("ok") is False:
         reason = rep.get("reason")
-        return reason[:280] if isinstance(reason, str) and reason else "precheck failed"
-    return None
+        return (reason[:280] if isinstance(reason, str) and reason else "precheck failed",
+                "machine" if rep.get("scope") == "machine" else None)
+    return None, None
 
 
 def _checkpoints(ws):
@@ -339,8 +340,8 @@ def _workspace(entry, name, ws, names, now, scan):
                     run["message"] = "no pid and no result: the launch never started"
     if pending is None and not container:
         _live(entry, run, scan)
-    if run.get("state") == "failed" and run.get("exit_code") == PRECHECK_EXIT:
-        reason = _precheck_failure(ws)
+    if run.get("state") == "failed" and run.get("exit_code") in PRECHECK_EXITS:
+        reason, run["scope"] = _precheck_failure(ws)
         if reason:
             run["message"], run["permanent"] = "precheck failed: " + reason[:280], True
     state = run.get("state")

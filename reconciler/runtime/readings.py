@@ -215,4 +215,6 @@ def _result(res, rt):
             out["message"] = why[:300]
     if res.get("permanent") is True:  # the launcher found the instance can never start
         out["permanent"] = True
+        if res.get("scope") == "machine":  # ...on this machine (its docker, its images)
+            out["scope"] = "machine"
     return out

@@ -18,7 +18,7 @@ import pwd
 import subprocess
 import time
 
-from .readings import TOOL_TIMEOUT, _read, _result, _small_int
+from .readings import TOOL_TIMEOUT, _read, _result, _small_int, carriers
 from .slurm_end import apply_end, read_end
 
 
@@ -158,6 +158,21 @@ def _slurm_runs(pending, now):
                     run["state"], run["message"] = "unknown", "squeue did not answer"
                 continue
             _judge(run, ws, jobs.get(name) or [], env, now)
+    _count_live(pending)
+
+
+def _count_live(pending):
+    """How many processes on this host still carry each workspace's identity (``live``): where the
+    login host is also a node, a worker that escaped the job's tracking keeps an ended attempt
+    alive, and it is stopped (``_escaped``) before anything replaces the attempt."""
+    found = {}
+    for entry, ws, run, _ in pending:
+        root = os.path.dirname(os.path.abspath(ws).rstrip("/"))
+        if root not in found:
+            found[root] = carriers(root=root)
+        pids = found[root].get(entry)
+        if pids:
+            run["live"] = len(pids)
 
 
 def wants_slurm(rt, result_text):
@@ -188,7 +203,7 @@ def _slurm_terminate(ws, identity, text, grace):
 
     ids = active()
     if not ids:
-        return out
+        return _escaped(ws, identity, out)
     out["was_alive"] = True
     try:
         with open(os.path.join(rt, "cancel_requested"), "w") as fh:
@@ -209,4 +224,29 @@ def _slurm_terminate(ws, identity, text, grace):
         deadline = time.time() + 10
         while active() and time.time() < deadline:
             time.sleep(0.2)
+    return _escaped(ws, identity, out)
+
+
+def _escaped(ws, identity, out):
+    """Processes of the job that Slurm no longer tracks, on this host: a worker that daemonized
+    escapes a cluster that tracks a job's processes by parentage (slurm.conf's ProctrackType
+    proctrack/linuxproc) and outlives scancel. Only where the login host is also a node can they be
+    seen here; those are SIGKILLed (the job was cancelled: SIGTERM was Slurm's), and the stop
+    reports what survives, so that nothing replaces the attempt while it lives on."""
+    root = os.path.dirname(os.path.abspath(ws).rstrip("/"))
+    deadline = time.time() + 10
+    while True:
+        pids = carriers(root=root).get(identity, [])
+        if not pids or time.time() >= deadline:
+            break
+        out["was_alive"] = True
+        for pid in pids:
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        time.sleep(0.1)
+    if pids:
+        out["left"] = len(pids)
+        out["error"] = f"{len(pids)} process(es) of {identity} still alive on the login host after SIGKILL"
     return out

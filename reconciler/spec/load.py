@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,32 +31,12 @@ from .models.provider import Provider
 from .models.run import Run
 from .models.storage import Storage
 from .models.template import ExecutionTemplate
+from .specfile import RunEntry, SpecCache, SpecChanged, SpecFile
+
+__all__ = ["DesiredState", "Locator", "RunEntry", "SpecCache", "SpecChanged", "SpecFile", "discover",
+           "is_spec_repo", "load_file", "load_tree", "run_digest", "yaml_files"]
 
 SPEC_DIRS = ("specs", "execution_templates")
-
-
-@dataclass
-class SpecFile:
-    """One file of the tree after loading: its object when valid, its diagnostics otherwise."""
-
-    path: Path
-    rel: str
-    sha: str
-    kind: str | None = None
-    obj: BaseModel | None = None
-    diags: list[Diagnostic] = field(default_factory=list)
-    # The name an invalid Run's status file gets: metadata.name, else the file stem, whichever is a DNS
-    # label first, else None (no status at all). Never the raw metadata.name: the reconciler writes
-    # status/<name>.yaml, and a name like '../specs/runs/x' or '/etc/x' would write outside status/.
-    name_hint: str | None = None
-    # The parsed mapping, once its kind is known and allowed where the file is: the cross-file checks
-    # read it even when the schema refused the file, so one `validate` shows every problem.
-    data: dict | None = field(default=None, repr=False)
-    digest: str | None = field(default=None, repr=False)  # a Run's spec digest, computed once per content
-
-    @property
-    def ok(self) -> bool:
-        return self.obj is not None and not self.diags
 
 
 class Locator:
@@ -179,60 +160,62 @@ def _types_in(annotation: Any) -> list[Any]:
 # ---------------------------------------------------------------- one file
 
 
-class SpecCache:
-    """Parsed files by path, each with the content hash it was parsed from: an unchanged file is
-    never parsed twice in a process.
-
-    One entry per path, replaced when its content changes and dropped when the file leaves the
-    tree (``retain``), so the cache holds what the tree holds and no more: no count limit, and no
-    moment where it empties itself and a pass re-parses everything."""
-
-    def __init__(self) -> None:
-        self._items: dict[str, SpecFile] = {}
-        self.hits = 0
-        # The cross-file checks of the last tree, and what it was: every file's content and the
-        # commit checked out (inputs are repository files: a new commit may have changed them).
-        self.cross_key: tuple | None = None
-        self.cross: dict | None = None
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def get(self, rel: str, sha: str) -> SpecFile | None:
-        f = self._items.get(rel)
-        if f is not None and f.sha == sha:
-            self.hits += 1
-            return f
-        return None
-
-    def put(self, f: SpecFile) -> None:
-        self._items[f.rel] = f
-
-    def retain(self, rels: set[str]) -> None:
-        """Forget every path not in ``rels`` (the files of the tree just loaded)."""
-        for rel in [r for r in self._items if r not in rels]:
-            del self._items[rel]
-
-
 def load_file(path: Path | str, root: Path | None, locator: Locator, cache: SpecCache | None = None,
               expect_kind: str | None = None, rel: str | None = None) -> SpecFile:
     rel = rel or relpath(Path(path), root)
     try:
+        # Stat before reading: a change after it shows as a new stat next time, never the reverse.
+        st = os.stat(path)
+        stat = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if cache is not None:
+            hit = cache.by_stat(rel, stat)
+            if hit is not None:
+                return hit
+            cache.opened += 1
         with open(path, "rb") as fh:
             raw = fh.read()
     except OSError as e:
-        return SpecFile(Path(path), rel, "", diags=[Diagnostic(rel, 0, 0, f"cannot read: {e.strerror}")])
+        return SpecFile(path, rel, "", diags=[Diagnostic(rel, 0, 0, f"cannot read: {e.strerror}")])
+    now = time.time_ns()
     sha = hashlib.sha256(raw).hexdigest()
     if cache is not None:
         hit = cache.get(rel, sha)
         if hit is not None:
+            hit.stat, hit.verified_ns = stat, now
             return hit
     path = Path(path)
     f = SpecFile(path, rel, sha, name_hint=path.stem if is_dns_label(path.stem) else None)
+    f.expect, f.stat, f.verified_ns = expect_kind, stat, now
     _parse_into(f, raw, locator, expect_kind)
+    _facts(f)
     if cache is not None:
         cache.put(f)
     return f
+
+
+def _facts(f: SpecFile) -> None:
+    """What a pass needs of a file without its model: names, a Run's digest and secret names, and
+    whether its checks look at other repository files."""
+    data = f.data
+    meta = data.get("metadata") if isinstance(data, dict) else None
+    if isinstance(meta, dict) and is_dns_label(meta.get("name")):
+        f.meta_name = meta["name"]
+    if f.kind == "Run" and isinstance(data, dict):
+        spec = data.get("spec")
+        spec = spec if isinstance(spec, dict) else {}
+        task = spec.get("task")
+        f.repo_refs = bool(spec.get("inputs")) or (isinstance(task, dict) and task.get("type") != "command")
+    f.validated()
+    if f.ok and isinstance(f.obj, Run):
+        f.digest = run_digest(f.obj)
+        f.secrets = tuple(f.obj.spec.secrets)
+
+
+def _reparse(f: SpecFile, raw: bytes) -> None:
+    _parse_into(f, raw, Locator(), f.expect)
+
+
+SpecFile.parser = _reparse
 
 
 def _parse_into(f: SpecFile, raw: bytes, locator: Locator, expect_kind: str | None) -> None:
@@ -303,24 +286,25 @@ def yaml_files(base: Path) -> list[Path]:
     return out
 
 
-def discover(root: Path) -> list[tuple[str, str | None]]:
+def discover(root: Path, ignores: list | None = None) -> list[tuple[str, str | None]]:
     """All spec files under specs/ and execution_templates/ (paths as strings), in a stable order.
     Strings, not Paths: making a Path costs more than reading a small file, and a pass looks at
-    every file; load_file makes one only for a file it parses."""
+    every file; load_file makes one only for a file it parses. ``ignores`` gets the path and stat
+    of each .gitignore on the way (what git says of an untracked spec file depends on them)."""
     out = []
     for top, expect in zip(SPEC_DIRS, (None, "ExecutionTemplate")):
         for dirpath, dirnames, filenames in os.walk(os.path.join(root, top)):
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            out.extend((os.path.join(dirpath, name), expect) for name in sorted(filenames)
+            if ignores is not None and ".gitignore" in filenames:
+                try:
+                    st = os.stat(os.path.join(dirpath, ".gitignore"))
+                    ignores.append([dirpath, [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]])
+                except OSError:
+                    ignores.append([dirpath, None])
+            base = os.path.join(dirpath, "")
+            out.extend((base + name, expect) for name in sorted(filenames)
                        if name.endswith((".yaml", ".yml")) and not name.startswith("."))
     return out
-
-
-@dataclass
-class RunEntry:
-    run: Run
-    rel: str
-    digest: str  # of the run's spec content: a change bumps the generation
 
 
 @dataclass
@@ -369,14 +353,21 @@ def load_tree(root: Path, cache: SpecCache | None = None, only: set[Path] | None
 
     ``only`` limits the reported diagnostics to some files (``reconcile validate FILE...``); a name
     or id one of them shares with another file is then reported against it (see ``cross_checks``).
-    ``tree_version``: the commit checked out, from a caller that keeps ``cache`` (the daemon): the
-    cross-file checks are then reused while neither it nor any spec file changed.
+    ``cache``: a long-lived caller's (the daemon's, or one restored from the pass cache): unchanged
+    files are neither read nor parsed, and the cross-file checks run again only for what changed.
+    ``tree_version``: the commit checked out: the checks of runs that stage repository files run
+    again when it moves.
     """
     from .checks import cross_checks
 
     locator = Locator()
     prefix = len(str(root)) + 1
-    files = [load_file(p, root, locator, cache, expect, p[prefix:]) for p, expect in discover(root)]
+    ignores: list | None = None
+    if cache is not None:
+        cache.tree_changed, cache.opened, ignores = False, 0, []
+    files = [load_file(p, root, locator, cache, expect, p[prefix:]) for p, expect in discover(root, ignores)]
+    if cache is not None:
+        cache.ignores = ignores
     if cache is not None and only is None:
         cache.retain({f.rel for f in files})
     if only is not None:  # an empty set means "report on no file", not "on every file"
@@ -386,39 +377,87 @@ def load_tree(root: Path, cache: SpecCache | None = None, only: set[Path] | None
                 files.append(load_file(p, root, locator, cache, None))
     desired = DesiredState(files=files)
     wanted = {relpath(p, root) for p in only} if only is not None else None
-    key = (tree_version, tuple((f.rel, f.sha) for f in files)) if cache is not None and only is None \
-        and tree_version is not None else None
-    if key is not None and cache.cross_key == key:
-        cross = cache.cross
+    if cache is not None and only is None:
+        cross = _cross_cached(root, files, locator, cache, tree_version)
+        for f in files:
+            if f.kind == "Run":
+                f.release(data_only=True)  # the checks are done: a run's mapping is parsed again if needed
     else:
         cross = cross_checks(root, files, locator, given=wanted)
-        if key is not None:
-            cache.cross_key, cache.cross = key, cross
     for f in files:
-        diags = f.diags + cross.get(f.rel, [])
-        desired.diagnostics.extend(diags)
-        if diags or f.obj is None:
+        found = cross.get(f.rel)
+        diags = f.diags + found if found else f.diags
+        if diags:
+            desired.diagnostics.extend(diags)
+        elif f.entry is not None and f.meta_name:  # a valid run seen before: the common case, kept cheap
+            desired.runs[f.meta_name] = f.entry
+            continue
+        if diags or not f.ok:
             # Keyed by a DNS label only (see SpecFile.name_hint): the key becomes status/<key>.yaml.
             if f.kind in (None, "Run") and f.rel.startswith("specs" + os.sep) and is_dns_label(f.name_hint):
                 desired.invalid.setdefault(f.name_hint, diags[0].text() if diags else "invalid")
             elif f.kind == "Provider" and is_dns_label(f.name_hint):
                 desired.invalid_providers.setdefault(f.name_hint, diags[0].text() if diags else "invalid")
             continue
-        if isinstance(f.obj, Run):
-            if f.digest is None:
-                f.digest = run_digest(f.obj)
-            desired.runs[f.obj.metadata.name] = RunEntry(f.obj, f.rel, f.digest)
-        elif isinstance(f.obj, ExecutionTemplate):
-            desired.templates[f.obj.id] = f.obj
-        elif isinstance(f.obj, Fleet):
-            desired.fleets[f.obj.metadata.name] = f.obj
-        elif isinstance(f.obj, Provider):
-            desired.providers[f.obj.metadata.name] = f.obj
-        elif isinstance(f.obj, Policy):
-            desired.policy = f.obj
-        elif isinstance(f.obj, Storage):
-            desired.storages[f.obj.metadata.name] = f.obj
+        _desire(desired, f)
     if wanted is not None:
         desired.diagnostics = [d for d in desired.diagnostics if d.path in wanted]
     desired.diagnostics.sort()
     return desired
+
+
+def _desire(desired: DesiredState, f: SpecFile) -> None:
+    """A valid file's object into the desired state; a run by its entry (its model stays lazy)."""
+    if f.kind == "Run":
+        if f.entry is None:
+            f.entry = RunEntry(None, f.rel, f.digest or "", f)
+        desired.runs[f.meta_name or f.model().metadata.name] = f.entry
+        return
+    obj = f.obj
+    if isinstance(obj, ExecutionTemplate):
+        desired.templates[obj.id] = obj
+    elif isinstance(obj, Fleet):
+        desired.fleets[obj.metadata.name] = obj
+    elif isinstance(obj, Provider):
+        desired.providers[obj.metadata.name] = obj
+    elif isinstance(obj, Policy):
+        desired.policy = obj
+    elif isinstance(obj, Storage):
+        desired.storages[obj.metadata.name] = obj
+
+
+def _cross_cached(root: Path, files: list[SpecFile], locator: Locator, cache: SpecCache,
+                  tree_version: str | None) -> dict[str, list[Diagnostic]]:
+    """The cross-file checks, run again only where a change can have moved their result.
+
+    A run's result depends on its own mapping, on the files of the other kinds (templates,
+    Policy, Providers, Storages, Fleets), on the runs that share its name, and for a run that stages
+    repository files on the checkout. So a change to a file of another kind checks everything
+    again; otherwise the changed runs, the runs named as they are or were, and (after a new commit)
+    the runs that stage files are checked again with every file of the other kinds, and every other
+    run keeps its result."""
+    from .checks import cross_checks
+
+    refs = [f.rel for f in files if f.repo_refs]
+    prev = cache.cross
+    rels: set[str] | None = None
+    if prev is not None and not cache.context_touched:
+        rels = set(cache.changed)
+        if refs and (tree_version is None or tree_version != cache.cross_head):
+            rels.update(refs)
+        if cache.names_touched:
+            rels.update(f.rel for f in files if f.kind == "Run" and f.meta_name in cache.names_touched)
+    if rels is None:
+        cross = dict(cross_checks(root, files, locator))
+    elif not rels:
+        cross = prev
+    else:
+        subset = [f for f in files if f.kind not in ("Run", None) or f.rel in rels]
+        present = {f.rel for f in files if f.kind == "Run"}
+        cross = {r: d for r, d in prev.items() if r in present and r not in rels}
+        cross.update(cross_checks(root, subset, locator))
+    cache.cross, cache.cross_head = cross, tree_version if refs else None
+    cache.changed.clear()
+    cache.names_touched.clear()
+    cache.context_touched = False
+    return cross

@@ -21,6 +21,7 @@ located message of its own (``spec/checks/``, the models' validators):
   of that same type (``checks.fleets.HOST_KEY_FIELDS``);
 - ms-swift ``args``: the argument names of the command (``reconciler/tasks/swift_args.json``, so
   an editor completes them), and values nested at most as deep as ``_is_plain`` allows;
+- ms-swift's typed fields: what its parser accepts (``"10"`` for an int), ``schema_typed.py``;
 - rules across the fields of one file: a docker template needs an image, a GPU type needs GPUs,
   a machine needs a host key unless its fleet names a known_hosts...
 
@@ -43,6 +44,7 @@ from .checks import fleets, secrets
 from .models import KINDS
 from .models.common import ENV_NAME, ENV_NAME_MESSAGE
 from .models.tasks import PLAIN_DEPTH, SWIFT_MANAGED, TASK_TYPES, SwiftRlhfTask, SwiftSftTask
+from .schema_typed import NEEDS_DATA, typed_fields
 
 FILE_NAMES = {"Run": "run", "ExecutionTemplate": "execution-template", "Fleet": "fleet", "Provider": "provider",
               "Policy": "policy", "Storage": "storage"}
@@ -237,6 +239,8 @@ def _swift(defs: dict) -> None:
         }
         args["patternProperties"] = {SECRET_KEY: _secret_value({"$ref": REF + "SwiftArgValue"})}
         args["additionalProperties"] = {"$ref": REF + "SwiftArgValue"}
+        typed_fields(defs, task, command, model)
+        _all_of(task, NEEDS_DATA)
         task["properties"]["train_type"] = {
             "description": "Renamed tuner_type in ms-swift 4.", "not": {}, "doNotSuggest": True,
             "deprecationMessage": "'train_type' was renamed to 'tuner_type' in ms-swift 4; use tuner_type",

@@ -222,6 +222,11 @@ class Ledger:
         self.rows: dict[str, Row] = {}
         self.svg_interval = svg_interval
         self._key: tuple | None = None  # the README as last written (inode, size, mtime)
+        # The status each row was made from. Loaded statuses are shared and never changed in
+        # place (status/store.py's cache), so the same object next pass makes the same row: a
+        # steady pass over thousands of runs rebuilds none. Only this pass's are kept, so a run
+        # that settles (its status let go) is not held here.
+        self._made_from: dict[str, RunStatus] = {}
 
     def refresh(self, status_dir: Path, loaded: dict[str, RunStatus], written: dict[str, RunStatus],
                 now: float) -> list[str]:
@@ -230,12 +235,16 @@ class Ledger:
         changed = False
         # Loaded: the runs this pass read (the settled ones it did not are kept as they were);
         # a status file rewritten from outside (the daemon's reset to its remote) is read again.
+        made_from = self._made_from
         for source in (loaded, written):
             for name, st in source.items():
+                if made_from.get(name) is st and name in self.rows:
+                    continue
                 new = row(st)
                 if self.rows.get(name) != new:
                     self.rows[name] = new
                     changed = True
+        self._made_from = {**loaded, **written}
         try:
             present = {e.name[:-5] for e in os.scandir(status_dir) if e.name.endswith(".yaml")}
         except FileNotFoundError:

@@ -7,6 +7,7 @@ copy, so an unchanged status stays the same object and the same bytes.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from reconciler.core.actions import Action
@@ -14,6 +15,9 @@ from reconciler.core.runstatus import (DIRTY, HISTORY_LIMIT, TERMINAL, Condition
                                         iso, parse_iso)
 
 CURVE_POINTS = 120
+# A pass summarizes every run at one ``now``: its text is made once, not for each condition and
+# transition of each of thousands of statuses.
+_iso = functools.lru_cache(maxsize=8)(iso)
 
 
 def extend_curve(curve: list, progress: dict[str, Any] | None) -> list:
@@ -63,11 +67,11 @@ def set_condition(st: RunStatus, type_: str, status: str, reason: str, message: 
     """Set a condition; its last_transition moves only when its status flips."""
     cur = st.condition(type_)
     if cur is None:
-        st.conditions.append(Condition(type=type_, status=status, reason=reason, message=message, last_transition=iso(now)))
+        st.conditions.append(Condition(type=type_, status=status, reason=reason, message=message, last_transition=_iso(now)))
         st.conditions.sort(key=lambda c: c.type)
         return
     if cur.status != status:
-        cur.last_transition = iso(now)
+        cur.last_transition = _iso(now)
     cur.status, cur.reason, cur.message = status, reason, message
 
 
@@ -75,9 +79,9 @@ def record(st: RunStatus, phase: str, reason: str, now: float) -> None:
     """Move to a phase; a history entry is added when phase, generation or attempt changes."""
     last = st.history[-1] if st.history else None
     if last is None and st.created_at is None:
-        st.created_at = iso(now)
+        st.created_at = _iso(now)
     if last is None or (last.phase, last.generation, last.attempt) != (phase, st.generation, st.attempt):
-        st.history.append(Transition(time=iso(now), phase=phase, generation=st.generation, attempt=st.attempt,
+        st.history.append(Transition(time=_iso(now), phase=phase, generation=st.generation, attempt=st.attempt,
                                      reason=reason[:200]))
         st.history = st.history[-HISTORY_LIMIT:]
     st.phase = phase
@@ -120,6 +124,8 @@ def summarize(prev: RunStatus | None, change, outcome, obs, now: float, spec_com
         return _refresh(prev, change, obs, now)
     st = prev.model_copy(deep=True) if prev is not None else RunStatus(name=change.name)
     new_spec = records_new_spec(st, change)
+    if change.ruled_out is not None or st.generation != change.generation:  # a new generation: none ruled out
+        st.ruled_out = change.ruled_out or None
     st.generation, st.attempt = change.generation, change.attempt
     if change.spec_digest:
         if new_spec:
@@ -216,7 +222,7 @@ def _launched(st: RunStatus, change, outcome, obs, now: float) -> None:
             pid=(launched.pid if launched else None) or (obs.pid if obs else None),
             container=(launched.container if launched else None) or (obs.container if obs else None),
             job=(launched.job if launched else None) or (obs.job if obs else None),
-            gpus=list(change.gpus), launched_at=st.handle.launched_at if keep_time else iso(now),
+            gpus=list(change.gpus), launched_at=st.handle.launched_at if keep_time else _iso(now),
             nodes=_nodes(change, obs),
         )
     st.exit_code = None

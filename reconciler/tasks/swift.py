@@ -180,26 +180,32 @@ def fork_pythonpath(task, ctx: RenderContext) -> str | None:
 # folder the login cannot read) are told apart, named with the path, the login and the machine, and
 # written where the probe reads a precheck's refusal (artifacts/runtime-precheck.json, ok: false):
 # the run fails with that reason and no retry is burnt on an environment that cannot change by itself.
+# Each refusal is the machine's, not the spec's (``scope: machine``, with its ``kind``, the path and
+# the login): another machine may have the interpreter, so the run is tried there (docs/machines.md).
 INTERPRETER_CHECK = (
+    'clean() { printf %s "$1" | tr -d \'"\\\\\' | tr -c \'[:print:]\' \' \' | cut -c1-400; }',
     'refuse() {',
-    '    why=$(printf %s "$1" | tr -d \'"\\\\\' | tr -c \'[:print:]\' \' \' | cut -c1-400)',
     '    mkdir -p artifacts',
-    '    printf \'{"ok": false, "reason": "%s"}\\n\' "$why" > ' + PRECHECK_JSON,
-    '    echo "reconciler: $why" >&2',
+    '    printf \'{"ok": false, "scope": "machine", "kind": "%s", "path": "%s", "login": "%s", "machine": "%s", '
+    '"reason": "%s"}\\n\' "$1" "$(clean "$PY")" "$(clean "$login")" "$(clean "$host")" "$(clean "$2")" > '
+    + PRECHECK_JSON,
+    '    echo "reconciler: $(clean "$2")" >&2',
     '    exit 127',
     '}',
-    'who="login $(id -un 2>/dev/null || id -u) on $(hostname 2>/dev/null || echo this machine)"',
+    'login=$(id -un 2>/dev/null || id -u); host=$(hostname 2>/dev/null || echo this machine)',
+    'who="login $login on $host"',
     'case "$PY" in',
     '    */*) if [ ! -e "$PY" ] && [ -L "$PY" ]; then',
-    '             refuse "python $PY links to $(readlink "$PY"), which $who cannot reach (a virtualenv made from an'
-    ' interpreter in a folder this login cannot read?)"',
+    '             refuse venv-unreadable "python $PY links to $(readlink "$PY"), which $who cannot reach (a'
+    ' virtualenv made from an interpreter in a folder this login cannot read?)"',
     '         fi',
-    '         [ -e "$PY" ] || refuse "python $PY does not exist ($who; template defaults.python or the machine\'s python)"',
-    '         [ -x "$PY" ] || refuse "python $PY is not executable by $who" ;;',
-    '    *) command -v "$PY" >/dev/null 2>&1 || refuse "python \'$PY\' is not on the PATH of $who" ;;',
+    '         [ -e "$PY" ] || refuse python-missing "python $PY does not exist ($who; template defaults.python or the'
+    ' machine\'s python)"',
+    '         [ -x "$PY" ] || refuse python-not-executable "python $PY is not executable by $who" ;;',
+    '    *) command -v "$PY" >/dev/null 2>&1 || refuse python-missing "python \'$PY\' is not on the PATH of $who" ;;',
     'esac',
-    'err=$("$PY" -c "" 2>&1) || refuse "python $PY does not start for $who: $err (a virtualenv whose'
-    ' interpreter link points into a folder this login cannot read?)"',
+    'err=$("$PY" -c "" 2>&1) || refuse python-does-not-start "python $PY does not start for $who: $err (a'
+    ' virtualenv whose interpreter link points into a folder this login cannot read?)"',
 )
 
 
@@ -228,7 +234,9 @@ def _render(task, ctx: RenderContext, verb: str) -> Rendered:
     cfg = swift_config(task, ctx)
     files = {
         CONFIG_PATH: config_text(cfg).encode(),
-        PRECHECK_ARGS: "".join(a + "\n" for a in precheck_args(task)).encode(),
+        # The GPUs this launch was given here must be visible to the run (a machine-scoped refusal).
+        PRECHECK_ARGS: "".join(a + "\n" for a in precheck_args(task) + (
+            ["--expect-gpus", str(len(ctx.gpus))] if ctx.gpus else [])).encode(),
     }
     return Rendered(entrypoint=entrypoint(verb, fork_pythonpath(task, ctx)), files=files)
 

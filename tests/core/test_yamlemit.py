@@ -21,7 +21,12 @@ TRICKY = ["", " ", "a", "True", "true", "yes", "No", "on", "null", "~", "Null", 
           "1,000", "+.5", "=x", "y", "n", "Y", "off", "OFF", "NO", "...", "...x", "---", "--x", "a...", ".x", "_x",
           "x:y:", "x::y", "1:00", "60:00", "1.0e+3", "1e+3", "0.", "._", "1__0", "0b101", "x/y:z", "/:x",
           "→", "a → b", "spec changed (0ld → 2eb6beef): generation 1 → 2", "… and 3 more", "…", "- …", "日本語",
-          "\xa0x", "x\xa0", "\xa0", "a: →", "→: a", "\u2028", "x\u2029y", "\x85", "\ufeffx", "😀", "ÿ", "\u00ad"]
+          "\xa0x", "x\xa0", "\xa0", "a: →", "→: a", "\u2028", "x\u2029y", "\x85", "\ufeffx", "😀", "ÿ", "\u00ad",
+          # words with spaces, which the writer takes as plain without PyYAML's analysis
+          "found a-g1-a1 running on m0003; adopting it", "a b", "1 2", "1 x", "true false", "null x", "x null",
+          "(x) y", "x (y)", "x, y (z)", "x = y", "x +y", "it's done", "'q' x", "x 'q'", ".. x", "... x", "- x y",
+          "x -", "x - y", "_ x", "/a /b", "1.5 2.5", "0x1F x", "2026-11-24 21:59:43", "2026-11-24 x", "x" * 500 + " y",
+          "x " * 500 + "y", "x y ", " x y", "x  y z", "x ,y", "x,", "x, ", "= x", "(x", "x)", "a;b c", "~ x", "x ~"]
 
 
 @pytest.mark.parametrize("s", TRICKY)

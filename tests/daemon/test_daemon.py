@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from .conftest import git, http, process_groups_with, sign, wait_for
+from .conftest import git, http, process_groups_with, run_spec, sign, wait_for
 
 SECRET = "s3cret-for-tests"
 
@@ -270,3 +270,71 @@ def test_config_redacts_the_webhook_secret(world):
     assert p.returncode == 0, p.stderr
     assert SECRET not in p.stdout
     assert json.loads(p.stdout)["webhook_secret"] == "***"
+
+
+def _local_passes(d) -> list[dict]:
+    return [e for e in d.logged("pass") if "local change" in (e.get("why") or "")]
+
+
+def test_a_burst_of_fifty_spec_files_is_one_pass_and_each_run_starts_once(world):
+    clone = world.clone("daemon")
+    d = world.start(clone, listen=False, RECONCILER_POLL_INTERVAL="300", RECONCILER_RESYNC_INTERVAL="300",
+                    RECONCILER_DEBOUNCE="0.2", RECONCILER_LOG_LEVEL="DEBUG")
+    d.wait_ready()
+    wait_for(lambda: d.logged("pass"), timeout=20, what="the first pass")
+    runs = clone / "specs" / "runs"
+    names = [f"burst-{i:02d}" for i in range(50)]
+    for i, name in enumerate(names):  # back to back, each atomically (as an editor or git writes a file)
+        if i == 25:
+            time.sleep(0.05)  # the input, not a wait: a writer descheduled halfway, longer than a watch step
+        tmp = runs / f".{name}.yaml.tmp"
+        tmp.write_text(run_spec(name, "sleep 60"))
+        os.replace(tmp, runs / f"{name}.yaml")
+    wait_for(lambda: all(world.pid_of(f"{n}-g1-a1") for n in names), timeout=120, what="the 50 runs to start")
+    # One more file after them: its pass comes after any pass the burst could still ask for.
+    (runs / "marker.yaml").write_text(run_spec("marker", "sleep 60"))
+    wait_for(lambda: len(_local_passes(d)) >= 1 and _local_passes(d)[-1].get("plan") == {"launch": 1},
+             timeout=30, what="the marker's pass")
+    assert [p["plan"] for p in _local_passes(d)] == [{"launch": 50}, {"launch": 1}], d.text()[-3000:]
+    assert len(d.logged("local change")) == 2
+    assert world.workspaces() == sorted(f"{n}-g1-a1" for n in [*names, "marker"])  # each launched once
+
+
+def test_a_git_pull_in_the_checkout_launches_what_it_brought_in_one_pass(world):
+    """The files land before the branch moves: the pass waits for the pull to finish, so it sees
+    committed content and launches it (without allow_dirty an uncommitted spec would wait)."""
+    clone = world.clone("daemon")
+    d = world.start(clone, listen=False, RECONCILER_POLL_INTERVAL="300", RECONCILER_RESYNC_INTERVAL="300",
+                    RECONCILER_DEBOUNCE="0.2", RECONCILER_ALLOW_DIRTY="false", RECONCILER_LOG_LEVEL="DEBUG")
+    d.wait_ready()
+    wait_for(lambda: d.logged("pass"), timeout=20, what="the first pass")
+    world.add_spec("pulled", "sleep 60")  # pushed to origin; the daemon does not poll
+    git(clone, "pull", "-q", "--ff-only", "origin", "main")
+    wait_for(lambda: world.pid_of("pulled-g1-a1"), timeout=30, what="the pulled run to start")
+    wait_for(lambda: _local_passes(d), timeout=30, what="its pass to end")
+    # One pass, and it launched: one that came before the branch moved would have held the file
+    # as uncommitted (a wait), and nothing would have woken another before the resync.
+    assert [p["plan"] for p in _local_passes(d)] == [{"launch": 1}], d.text()[-3000:]
+
+
+def test_one_saved_file_wakes_a_pass_without_waiting_for_the_debounce(world):
+    clone = world.clone("daemon")
+    d = world.start(clone, listen=False, RECONCILER_POLL_INTERVAL="300", RECONCILER_RESYNC_INTERVAL="300",
+                    RECONCILER_DEBOUNCE="10", RECONCILER_LOG_LEVEL="DEBUG")
+    d.wait_ready()
+    wait_for(lambda: d.logged("pass"), timeout=20, what="the first pass")
+    runs = clone / "specs" / "runs"
+    (runs / ".single.yaml.tmp").write_text(run_spec("single", "sleep 60"))  # an editor's save: write, rename
+    os.replace(runs / ".single.yaml.tmp", runs / "single.yaml")
+    wait_for(lambda: world.pid_of("single-g1-a1"), timeout=8, what="the run to start before the 10 s debounce")
+    assert "specs/runs/single.yaml" in d.logged("local change")[-1]["paths"]
+
+
+def test_a_batch_counts_files_not_an_editors_temporaries(tmp_path):
+    from reconciler.daemon.watch import ADDED, _files
+
+    kept, temporary, removed = tmp_path / "a.yaml", str(tmp_path / ".a.yaml.tmp"), str(tmp_path / "gone.yaml")
+    kept.write_text("x")
+    assert _files({(ADDED, temporary), (3, temporary), (ADDED, str(kept))}) == 1  # write and rename: one file
+    assert _files({(3, removed)}) == 1  # a file removed is a change
+    assert _files({(ADDED, str(kept)), (3, removed)}) == 2

@@ -27,12 +27,22 @@ JOB = ["sh", "-c", "setsid sh -c 'trap \"\" TERM; while :; do sleep 0.2; done' <
        "sleep 120"]
 
 
+def here(w: World) -> dict[str, list[int]]:
+    """``carriers()`` of this world's workspace roots only: another suite beside this one may run
+    attempts of the same name on this machine, and they are not this test's to count or kill."""
+    out: dict[str, list[int]] = {}
+    for root in [w.local_root, *map(Path, w.roots)]:
+        for ident, pids in carriers(root=str(root / "test")).items():
+            out.setdefault(ident, []).extend(pids)
+    return out
+
+
 class Sampler(threading.Thread):
     """Every ``every`` seconds: which attempts of ``name`` have a live process; the largest set seen."""
 
-    def __init__(self, name: str, every: float = 0.02):
+    def __init__(self, name: str, w: World, every: float = 0.02):
         super().__init__(daemon=True)
-        self.name_prefix, self.every = f"{name}-g", every
+        self.name_prefix, self.every, self.w = f"{name}-g", every, w
         self.samples = 0
         self.overlaps: list[tuple[float, list[str]]] = []
         self.seen: set[str] = set()
@@ -40,7 +50,7 @@ class Sampler(threading.Thread):
 
     def run(self) -> None:
         while not self._halt.is_set():
-            alive = sorted(i for i in carriers() if i.startswith(self.name_prefix))
+            alive = sorted(i for i in here(self.w) if i.startswith(self.name_prefix))
             self.samples += 1
             self.seen.update(alive)
             if len(alive) > 1:
@@ -52,9 +62,9 @@ class Sampler(threading.Thread):
         self.join(5)
 
 
-def reap(name: str) -> None:
+def reap(name: str, w: World) -> None:
     for _ in range(40):
-        pids = [p for i, ps in carriers().items() if i.startswith(f"{name}-g") for p in ps]
+        pids = [p for i, ps in here(w).items() if i.startswith(f"{name}-g") for p in ps]
         if not pids:
             return
         for pid in pids:
@@ -66,7 +76,7 @@ def reap(name: str) -> None:
 
 
 def relaunch_after_group_kill(w: World, name: str, template: str) -> Sampler:
-    sampler = Sampler(name)
+    sampler = Sampler(name, w)
     sampler.start()
     try:
         w.add_run(run_spec(name, template, JOB, restartPolicy={"maxRetries": 2, "backoffSeconds": 0}))
@@ -74,25 +84,25 @@ def relaunch_after_group_kill(w: World, name: str, template: str) -> Sampler:
         first = st.handle.identity
         # Wait for the worker's own session, then kill only the job's process group.
         deadline = time.time() + 10
-        while len(carriers().get(first, [])) < 3 and time.time() < deadline:
+        while len(here(w).get(first, [])) < 3 and time.time() < deadline:
             time.sleep(0.02)
         pid_file = Path(st.handle.workspace, "runtime", "pid")
         assert kill_group(pid_file)
         deadline = time.time() + 10
         while group_alive(int(pid_file.read_text()), first) and time.time() < deadline:
             time.sleep(0.02)
-        assert carriers().get(first), "the worker did not outlive its group: the test would show nothing"
+        assert here(w).get(first), "the worker did not outlive its group: the test would show nothing"
         st = w.until(name, lambda s: s.attempt == 2 and s.phase == "Running", timeout=60)
         assert st.handle.identity == f"{name}-g1-a2"
-        assert carriers().get(first) is None  # the old attempt's worker was ended...
-        assert carriers().get(st.handle.identity)  # ...and the new attempt runs
+        assert here(w).get(first) is None  # the old attempt's worker was ended...
+        assert here(w).get(st.handle.identity)  # ...and the new attempt runs
         # A few more passes: nothing of the old attempt comes back, the current one is kept.
         for _ in range(3):
             w.run_pass()
-        assert carriers().get(first) is None and w.status(name).handle.identity == st.handle.identity
+        assert here(w).get(first) is None and w.status(name).handle.identity == st.handle.identity
     finally:
         sampler.stop()
-        reap(name)
+        reap(name, w)
     return sampler
 
 
@@ -117,15 +127,15 @@ def test_a_stopped_run_leaves_no_worker_behind(tmp_path):
             st = w.until("halted", lambda s: s.phase == "Running", timeout=60)
             ident = st.handle.identity
             deadline = time.time() + 10
-            while len(carriers().get(ident, [])) < 3 and time.time() < deadline:
+            while len(here(w).get(ident, [])) < 3 and time.time() < deadline:
                 time.sleep(0.02)
             assert kill_group(Path(st.handle.workspace, "runtime", "pid"), signal.SIGTERM)  # result: terminated
-            assert carriers().get(ident)
+            assert here(w).get(ident)
             w.add_run(run_spec("halted", "local-host", JOB, desiredState="Stopped"))
             w.until("halted", lambda s: s.phase == "Terminated", timeout=60)
-            assert carriers().get(ident) is None
+            assert here(w).get(ident) is None
         finally:
-            reap("halted")
+            reap("halted", w)
 
 
 def test_the_soak_counts_two_attempts_alive_at_once(tmp_path, sshd):

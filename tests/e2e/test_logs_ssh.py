@@ -46,7 +46,8 @@ def test_logs_follow_on_ssh_then_collected(tmp_path, sshd):
         p = cli(w, "chatty", "-n", "2")
         out, err = p.communicate(timeout=30)
         assert p.returncode == 0, err
-        assert out == "line 3\ntail\noops\n"
+        # Both streams, in the order the job wrote them (the collected copy kept the log index).
+        assert out == "oops\nline 3\ntail\n"
 
 
 def test_ssh_command_runs_in_the_workspace_on_the_machine(tmp_path, sshd):

@@ -99,7 +99,7 @@ def test_a_node_lost_ends_the_attempt_on_every_node_and_the_run_is_relaunched(tm
                        restartPolicy={"maxRetries": 1, "backoffSeconds": 0}))
     try:
         st = w.until("pair", lambda s: s.phase == "Running", timeout=30)
-        survivor_worker = _until(lambda: [p for p in processes_with("RECONCILER_IDENTITY=pair-g1-a1-n0")
+        survivor_worker = _until(lambda: [p for p in processes_with("RECONCILER_IDENTITY=pair-g1-a1-n0", within=w.roots)
                                           if os.getsid(p) == p], 10, "node 0's worker in its own session")
         os.killpg(_pgid(st, 1), signal.SIGKILL)  # node 1's whole process group dies
         rec, reasons = w.reconciler(), []
@@ -114,10 +114,10 @@ def test_a_node_lost_ends_the_attempt_on_every_node_and_the_run_is_relaunched(tm
         assert st.handle.identity == "pair-g1-a2"
         assert any("node n1 on node-1 is lost" in r for r in reasons), reasons
         # Node 0 was stopped, its worker in its own session with it; attempt 2 runs on both nodes.
-        assert not processes_with("RECONCILER_IDENTITY=pair-g1-a1-n0")
+        assert not processes_with("RECONCILER_IDENTITY=pair-g1-a1-n0", within=w.roots)
         assert not any(alive(p) for p in survivor_worker)  # (a zombie nobody reaps is dead)
-        _until(lambda: processes_with("RECONCILER_IDENTITY=pair-g1-a2-n0")
-               and processes_with("RECONCILER_IDENTITY=pair-g1-a2-n1"), 20, "attempt 2 on both nodes")
+        _until(lambda: processes_with("RECONCILER_IDENTITY=pair-g1-a2-n0", within=w.roots)
+               and processes_with("RECONCILER_IDENTITY=pair-g1-a2-n1", within=w.roots), 20, "attempt 2 on both nodes")
         # Both nodes of attempt 1 were collected.
         for k in range(2):
             assert (w.bundle(f"pair-g1-a1-n{k}") / "artifacts" / "stdout.log").read_text() == f"rank {k}\n"
@@ -133,7 +133,7 @@ def test_a_frozen_node_is_caught_by_its_heartbeat(tmp_path, sshd_factory) -> Non
         os.killpg(_pgid(st, 1), signal.SIGSTOP)  # frozen, not dead: torch would wait for ever
         st = w.until("ice", lambda s: s.phase == "Failed", timeout=30)
         assert "has not beaten" in " ".join(h.reason for h in st.history)
-        _until(lambda: not processes_with("RECONCILER_IDENTITY=ice-g1-a1"), 15, "every node stopped")
+        _until(lambda: not processes_with("RECONCILER_IDENTITY=ice-g1-a1", within=w.roots), 15, "every node stopped")
     finally:
         w.cleanup()
 
@@ -146,7 +146,7 @@ def test_a_gang_waits_whole_when_one_machine_is_missing(tmp_path, sshd_factory) 
         change = w.run_pass().plan.for_run("three")
         assert (change.action, change.code) == ("wait", "NoCapacity")
         assert "2 machines needed at once, 1 have room" in change.reason
-        assert not processes_with("three-g1-a1")
+        assert not processes_with("three-g1-a1", within=w.roots)
     finally:
         w.cleanup()
 
@@ -171,13 +171,13 @@ def test_a_node_whose_machine_stays_unreachable_ends_the_attempt_on_the_others(t
         rec = w.reconciler()
         first = rec.run_pass().plan.for_run("far")
         assert (first.action, first.code) == ("wait", "MachineUnreachable") and first.machine == "node-1"
-        assert processes_with("RECONCILER_IDENTITY=far-g1-a1-n0")  # within the grace nothing is stopped
+        assert processes_with("RECONCILER_IDENTITY=far-g1-a1-n0", within=w.roots)  # within the grace nothing is stopped
         time.sleep(1.1)  # past unreachable_grace (1 s): the timeout under test
         st = _until(lambda: rec.run_pass() and (s := w.status("far")).phase == "Failed" and s, 20, "Failed")
         assert "node-1, a node's machine, unreachable" in st.message
         # Node 0 was stopped: an attempt never goes on with a node missing.
-        _until(lambda: not processes_with("RECONCILER_IDENTITY=far-g1-a1-n0"), 15, "node 0 stopped")
+        _until(lambda: not processes_with("RECONCILER_IDENTITY=far-g1-a1-n0", within=w.roots), 15, "node 0 stopped")
     finally:
-        for pid in processes_with("RECONCILER_IDENTITY=far-g1-a1-n1"):
+        for pid in processes_with("RECONCILER_IDENTITY=far-g1-a1-n1", within=w.roots):
             os.kill(pid, signal.SIGKILL)
         w.cleanup()

@@ -170,3 +170,84 @@ def test_secrets_wait_on_the_login_host_not_the_shared_folder_while_queued(clust
     assert (bundle / "artifacts" / "sum").read_text().split()[0] == hashlib.sha256(canary.encode()).hexdigest()
     assert not (bundle / "runtime" / "secrets.env").exists()
     wait_until(lambda: not _holding(canary), 10, what="the holding folder to go")
+
+
+def _holding_file(name: str, needle: str) -> list[Path]:
+    """The login host's holding folders whose runtime/``name`` holds ``needle``."""
+    return [d for d in Path(os.environ.get("TMPDIR", "/tmp")).glob("rcl-secrets.*")
+            if (d / "runtime" / name).is_file() and needle in (d / "runtime" / name).read_text()]
+
+
+def test_a_slurm_run_with_a_storage_gets_its_credentials_from_the_login_host_when_it_starts(
+        cluster_worlds, monkeypatch, s3) -> None:
+    from tests.engine.test_outputs import SAVE, add_storage, s3_storage
+
+    w = cluster_worlds("store")
+    add_storage(w, s3_storage(s3))
+    monkeypatch.setenv("ENG_S3_KEY", s3.access_key)
+    monkeypatch.setenv("ENG_S3_SECRET", s3.secret_key)
+    big = run_spec("big", "slurm-host", ["sleep", "300"], overrides={"resources": {"gpu_count": 2, "nodes": 2}})
+    w.add_run(big)
+    w.until("big", lambda s: s.phase == "Running", timeout=30)
+    # No secrets of its own: the Storage's credentials alone make it hold and wait.
+    w.add_run(run_spec("saver", "slurm-host", ["sh", "-c", SAVE], outputs={"storage": "s3-out"},
+                       overrides={"resources": {"gpu_count": 1}}))
+    w.until("saver", lambda s: s.phase == "Pending" and "queued in Slurm" in (s.message or ""), timeout=30)
+    rt = w.shared / "saver-g1-a1" / "runtime"
+    assert (rt / "secrets.pending").is_file() and not (rt / "storage.env").exists()
+    for p in w.cluster.shared.rglob("*"):
+        if p.is_file() and not p.is_symlink():
+            assert s3.secret_key.encode() not in p.read_bytes(), p
+    [hold] = _holding_file("storage.env", s3.secret_key)
+    assert stat.S_IMODE(hold.stat().st_mode) == 0o700
+    assert not str(hold).startswith(str(w.cluster.shared))
+
+    stop(w, big)  # the GPUs come free: the queued job starts, gets the credentials, and uploads
+    st = w.until("saver", lambda s: s.phase in ("Succeeded", "Failed"), timeout=90)
+    assert st.phase == "Succeeded", st.message
+    base = f"p/{w.namespace}/saver/g1"
+    wait_until(lambda: s3.path(f"{base}/checkpoints/checkpoint-3.json").is_file(), 30, what="the upload")
+    assert s3.path(f"{base}/checkpoints/checkpoint-3/w.bin").stat().st_size == 4096
+    assert not (rt / "storage.env").exists() and not (rt / "secrets.env").exists()
+    wait_until(lambda: not _holding_file("storage.env", s3.secret_key), 10, what="the holding folder to go")
+    text = (w.repo / "status" / "saver.yaml").read_text()
+    assert s3.secret_key not in text and s3.access_key not in text
+
+
+def test_a_worker_that_escapes_the_job_is_stopped_before_the_next_attempt_is_submitted(cluster_worlds) -> None:
+    """This cluster tracks a job's processes by parentage (proctrack/linuxproc): a worker in a
+    session of its own that ignores SIGTERM outlives scancel. Its login host is also its node, so
+    the stop sees it, ends it, and only then is the changed spec submitted."""
+    from reconciler.runtime.readings import carriers
+
+    w = cluster_worlds("escape")
+    worker = "setsid sh -c 'trap \"\" TERM; while :; do sleep 0.2; done' </dev/null >/dev/null 2>&1 & "
+    w.add_run(run_spec("esc", "slurm-host", ["sh", "-c", worker + "sleep 300"]))
+    w.until("esc", lambda s: s.phase == "Running", timeout=60)
+    root = str(w.shared)
+    wait_until(lambda: len(carriers(root=root).get("esc-g1-a1", [])) >= 2, 20, what="the worker")
+    w.add_run(run_spec("esc", "slurm-host", ["sh", "-c", worker + "sleep 301"]))
+    w.until("esc", lambda s: s.generation == 2 and s.phase in ("Pending", "Running"), timeout=60)
+    assert not carriers(root=root).get("esc-g1-a1"), "the escaped worker outlived the stop"
+    stop(w, run_spec("esc", "slurm-host", ["sh", "-c", worker + "sleep 301"]))
+    w.until("esc", lambda s: s.phase == "Terminated", timeout=60)
+    assert not [i for i in carriers(root=root) if i.startswith("esc-g")]
+
+
+def test_an_ended_attempts_escaped_worker_is_stopped_before_its_retry_is_submitted(cluster_worlds) -> None:
+    from reconciler.runtime.readings import carriers
+
+    w = cluster_worlds("linger")
+    worker = "setsid sh -c 'trap \"\" TERM; while :; do sleep 0.2; done' </dev/null >/dev/null 2>&1 & "
+    w.add_run(run_spec("lin", "slurm-host", ["sh", "-c", worker + "sleep 3; exit 3"],
+                       restartPolicy={"maxRetries": 1, "backoffSeconds": 0}))
+    root = str(w.shared)
+    w.until("lin", lambda s: s.phase == "Running", timeout=60)
+    wait_until(lambda: carriers(root=root).get("lin-g1-a1"), 20, what="the worker")
+    st = w.until("lin", lambda s: s.attempt == 2, timeout=90)
+    assert st.handle.identity == "lin-g1-a2"
+    assert not carriers(root=root).get("lin-g1-a1"), "the first attempt's worker outlived its retry's start"
+    stop(w, run_spec("lin", "slurm-host", ["sh", "-c", worker + "sleep 3; exit 3"],
+                     restartPolicy={"maxRetries": 1, "backoffSeconds": 0}))
+    w.until("lin", lambda s: s.phase in ("Terminated", "Failed"), timeout=90)
+    wait_until(lambda: not [i for i in carriers(root=root) if i.startswith("lin-g")], 30, what="nothing left")

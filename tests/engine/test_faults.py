@@ -57,10 +57,10 @@ def _user_push(origin: Path, tmp_path: Path, edit) -> None:
     _git(user, "push", "-q", "origin", "HEAD:main")
 
 
-def _leaders(identity: str) -> set[int]:
-    """Process groups whose members carry ``identity``."""
+def _leaders(identity: str, ws_root: Path) -> set[int]:
+    """Process groups whose members carry ``identity``, launched under this test's ``ws_root``."""
     out = set()
-    for pid in processes_with(f"RECONCILER_IDENTITY={identity}"):
+    for pid in processes_with(f"RECONCILER_IDENTITY={identity}", within=ws_root):
         try:
             stat = open(f"/proc/{pid}/stat").read()
         except OSError:
@@ -81,7 +81,7 @@ def test_instance_of_an_older_spec_is_fenced_never_adopted_after_status_was_lost
     first = _clone(origin, tmp_path / "vm-1")
     # The first VM launches x-g1-a1 and dies before its status reaches the remote.
     reconciler(first, ws_root).run_pass(commit=False)
-    wait_for(lambda: _leaders("x-g1-a1"), what="x-g1-a1 running")
+    wait_for(lambda: _leaders("x-g1-a1", ws_root), what="x-g1-a1 running")
     old_digest = _job_digest(ws_root, "x-g1-a1")
     _user_push(origin, tmp_path, lambda u: (u / "specs/runs/x.yaml").write_text(run_spec("x", LONG + ["v2"])))
 
@@ -90,8 +90,8 @@ def test_instance_of_an_older_spec_is_fenced_never_adopted_after_status_was_lost
     change = result.plan.for_run("x")
     assert (change.action, change.identity) == ("relaunch", "x-g2-a1")
     assert [k.identity for k in change.kill] == ["x-g1-a1"]
-    assert not _leaders("x-g1-a1"), "the old spec's instance still runs"
-    assert wait_for(lambda: _leaders("x-g2-a1"), what="x-g2-a1 running")
+    assert not _leaders("x-g1-a1", ws_root), "the old spec's instance still runs"
+    assert wait_for(lambda: _leaders("x-g2-a1", ws_root), what="x-g2-a1 running")
     st = status_of(fresh, "x")
     new_digest = _job_digest(ws_root, "x-g2-a1")
     assert new_digest != old_digest and st.spec.digest == new_digest
@@ -193,7 +193,7 @@ def test_invalid_spec_keeps_the_job_running_and_a_fix_continues_it(tmp_path, ws_
     commit_all(repo_dir, "break x")
     broken = rec.run_pass()
     assert [c.action for c in broken.plan.changes] == ["mark_invalid"]
-    assert _leaders("x-g1-a1") == {pgid}, "the invalid spec stopped the job"
+    assert _leaders("x-g1-a1", ws_root) == {pgid}, "the invalid spec stopped the job"
     assert result_of(ws_root, "x-g1-a1") is None
     st = status_of(repo_dir, "x")
     assert st.phase == "Invalid" and "specs/runs/x.yaml:" in st.message
@@ -208,7 +208,7 @@ def test_invalid_spec_keeps_the_job_running_and_a_fix_continues_it(tmp_path, ws_
     st = status_of(repo_dir, "x")
     assert (st.phase, st.generation, st.attempt, st.handle.identity) == ("Running", 1, 1, "x-g1-a1")
     assert st.condition("SpecValid").status == "True"
-    assert _leaders("x-g1-a1") == {pgid} and not workspace(ws_root, "x-g1-a2").exists()
+    assert _leaders("x-g1-a1", ws_root) == {pgid} and not workspace(ws_root, "x-g1-a2").exists()
 
 
 # ---------------------------------------------------------------- a missing secret waits
@@ -353,18 +353,18 @@ def test_fenced_instance_of_an_unknown_run_is_collected_and_removed(tmp_path, ws
     origin = _origin_with(tmp_path, {"ghost": run_spec("ghost", LONG)})
     first = _clone(origin, tmp_path / "vm-1")
     reconciler(first, ws_root).run_pass(commit=False)  # its status never reaches the remote
-    wait_for(lambda: _leaders("ghost-g1-a1"), what="ghost running")
+    wait_for(lambda: _leaders("ghost-g1-a1", ws_root), what="ghost running")
     _user_push(origin, tmp_path, lambda u: (u / "specs/runs/ghost.yaml").unlink())
     fresh = _clone(origin, tmp_path / "vm-2")
     # Within orphan_grace of its start it is only warned about: it may be a newer checkout's.
     young = reconciler(fresh, ws_root).run_pass()
-    assert young.plan.changes == [] and _leaders("ghost-g1-a1")
+    assert young.plan.changes == [] and _leaders("ghost-g1-a1", ws_root)
     assert any("ghost-g1-a1 runs on local but no spec or status names ghost" in w for w in young.plan.warnings)
     rec = reconciler(fresh, ws_root, orphan_grace=0.0)
     fence = rec.run_pass()
     assert [(c.action, c.code) for c in fence.plan.changes] == [("terminate", "Fenced")]
     assert "no spec or status names ghost" in fence.plan.changes[0].reason
-    assert not _leaders("ghost-g1-a1")
+    assert not _leaders("ghost-g1-a1", ws_root)
     clean = rec.run_pass()
     assert [(c.action, c.code) for c in clean.plan.changes] == [("collect", "Leftover")]
     assert not workspace(ws_root, "ghost-g1-a1").exists()

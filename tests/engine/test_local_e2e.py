@@ -46,7 +46,7 @@ def test_second_pass_right_after_first_plans_no_launch(tmp_path, ws_root):
     rec.run_pass()
     second = rec.run_pass()
     assert [c.action for c in second.plan.changes] == ["none"]
-    assert len(processes_with("RECONCILER_IDENTITY=long-g1-a1")) >= 1
+    assert len(processes_with("RECONCILER_IDENTITY=long-g1-a1", within=ws_root)) >= 1
     assert not (workspace(ws_root, "long-g1-a2")).exists()
 
 
@@ -86,31 +86,33 @@ def test_editing_the_spec_kills_old_group_and_launches_next_generation(tmp_path,
     rec = reconciler(repo_dir, ws_root)
     rec.run_pass()
     pgid = wait_for(lambda: pgid_of(ws_root, "train-g1-a1"), what="train-g1-a1 to record its process group")
-    wait_for(lambda: len(processes_with("RECONCILER_IDENTITY=train-g1-a1")) >= 3, what="job and its child")
+    wait_for(lambda: len(processes_with("RECONCILER_IDENTITY=train-g1-a1", within=ws_root)) >= 3,
+             what="job and its child")
     (repo_dir / "specs" / "runs" / "train.yaml").write_text(run_spec("train", LONG + ["edited"]))
     commit_all(repo_dir, "edit train")
     result = rec.run_pass()
     change = result.plan.for_run("train")
     assert change.action == "relaunch" and change.code == "SpecChanged" and change.identity == "train-g2-a1"
     assert not group_alive(pgid), "old process group still alive"
-    assert processes_with("RECONCILER_IDENTITY=train-g1-a1") == []
+    assert processes_with("RECONCILER_IDENTITY=train-g1-a1", within=ws_root) == []
     assert result_of(ws_root, "train-g1-a1")["state"] == "terminated"
     st = status_of(repo_dir, "train")
     assert (st.generation, st.attempt, st.phase, st.handle.identity) == (2, 1, "Running", "train-g2-a1")
-    assert wait_for(lambda: processes_with("RECONCILER_IDENTITY=train-g2-a1"))
+    assert wait_for(lambda: processes_with("RECONCILER_IDENTITY=train-g2-a1", within=ws_root))
 
 
 def test_deleting_the_spec_kills_the_group_and_its_children(tmp_path, ws_root):
     repo_dir = make_repo(tmp_path / "repo", {"gone": run_spec("gone", LONG)})
     rec = reconciler(repo_dir, ws_root)
     rec.run_pass()
-    wait_for(lambda: len(processes_with("RECONCILER_IDENTITY=gone-g1-a1")) >= 3, what="job and its child")
-    children = processes_with("RECONCILER_IDENTITY=gone-g1-a1")
+    wait_for(lambda: len(processes_with("RECONCILER_IDENTITY=gone-g1-a1", within=ws_root)) >= 3,
+             what="job and its child")
+    children = processes_with("RECONCILER_IDENTITY=gone-g1-a1", within=ws_root)
     (repo_dir / "specs" / "runs" / "gone.yaml").unlink()
     commit_all(repo_dir, "remove gone")
     result = rec.run_pass()
     assert result.plan.for_run("gone").action == "terminate"
-    assert processes_with("RECONCILER_IDENTITY=gone-g1-a1") == []
+    assert processes_with("RECONCILER_IDENTITY=gone-g1-a1", within=ws_root) == []
     for pid in children:
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(") ")[1][0] in "ZX"
     st = status_of(repo_dir, "gone")
@@ -123,11 +125,11 @@ def test_stopped_desired_state_terminates(tmp_path, ws_root):
     repo_dir = make_repo(tmp_path / "repo", {"pause": run_spec("pause", LONG)})
     rec = reconciler(repo_dir, ws_root)
     rec.run_pass()
-    wait_for(lambda: processes_with("RECONCILER_IDENTITY=pause-g1-a1"))
+    wait_for(lambda: processes_with("RECONCILER_IDENTITY=pause-g1-a1", within=ws_root))
     (repo_dir / "specs" / "runs" / "pause.yaml").write_text(run_spec("pause", LONG, desired="Stopped"))
     commit_all(repo_dir, "stop pause")
     rec.run_pass()
-    assert processes_with("RECONCILER_IDENTITY=pause-g1-a1") == []
+    assert processes_with("RECONCILER_IDENTITY=pause-g1-a1", within=ws_root) == []
     assert status_of(repo_dir, "pause").phase == "Terminated"
 
 
@@ -147,7 +149,7 @@ def test_kill_9_of_the_job_is_lost_and_relaunched(tmp_path, ws_root):
     assert (workspace(ws_root, "victim-g1-a1") / "artifacts" / "manifest.json").is_file()
     st = status_of(repo_dir, "victim")
     assert (st.attempt, st.phase) == (2, "Running")
-    assert wait_for(lambda: processes_with("RECONCILER_IDENTITY=victim-g1-a2"))
+    assert wait_for(lambda: processes_with("RECONCILER_IDENTITY=victim-g1-a2", within=ws_root))
 
 
 def test_crash_between_launch_and_commit_is_adopted_never_launched_twice(tmp_path, ws_root):
@@ -157,13 +159,13 @@ def test_crash_between_launch_and_commit_is_adopted_never_launched_twice(tmp_pat
     assert crashed.returncode == 137
     assert not (repo_dir / "status" / "solo.yaml").exists()  # the crash came before any status
     assert len(git.Repo(repo_dir).git.log("--oneline").splitlines()) == 1
-    wait_for(lambda: processes_with("RECONCILER_IDENTITY=solo-g1-a1"))
+    wait_for(lambda: processes_with("RECONCILER_IDENTITY=solo-g1-a1", within=ws_root))
     again = reconcile_cli(repo_dir, "--once", "--json", env=env)
     assert again.returncode == 0, again.stderr
     st = status_of(repo_dir, "solo")
     assert st.phase == "Running" and st.handle.identity == "solo-g1-a1" and st.attempt == 1
     assert "adopt" in st.history[-1].reason
-    leaders = [p for p in processes_with("solo-g1-a1")
+    leaders = [p for p in processes_with("solo-g1-a1", within=ws_root)
                if _pgrp(p) == p]
     assert len(set(leaders)) == 1, "launched twice"
     assert "solo: - → Running" in git.Repo(repo_dir).head.commit.message

@@ -200,8 +200,12 @@ def test_stage_keeps_a_workspace_only_for_the_same_spec(sshd, root, bundle_dir):
         Path(ws, "runtime", "marker").write_text("x")
         assert t.stage(bundle_dir, "demo-g1-a1", "sha256:one") == ws  # same spec: kept as is
         assert Path(ws, "runtime", "marker").exists()
-        with pytest.raises(TemporaryError, match="built for another spec"):
-            t.stage(bundle_dir, "demo-g1-a1", "sha256:two")
+        for _ in range(3):  # a session lost under a loaded machine is a temporary error too: ask again
+            with pytest.raises(TemporaryError) as refused:
+                t.stage(bundle_dir, "demo-g1-a1", "sha256:two")
+            if "session lost" not in str(refused.value):
+                break
+        assert "built for another spec" in str(refused.value)
         assert Path(ws, "runtime", "marker").exists()  # refused, and left untouched
     finally:
         t.close()

@@ -239,10 +239,11 @@ def test_terminate_ends_the_sync_program_with_the_job(s3, tmp_path):
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_until(lambda: (ws / "runtime" / "uploads.json").exists() and uploads(ws)["artifacts"]["uploaded_at"],
                30, what="a first round")
-    assert [p for p in processes_with(ws.name) if b"storage_sync.py" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert [p for p in processes_with(ws.name, within=ws)
+            if b"storage_sync.py" in Path(f"/proc/{p}/cmdline").read_bytes()]
     out = stop.terminate(str(ws), ws.name, grace=5)
     assert out["was_alive"] and not out.get("error")
-    wait_until(lambda: not processes_with(ws.name), 10, what="every process of the run gone")
+    wait_until(lambda: not processes_with(ws.name, within=ws), 10, what="every process of the run gone")
     assert json.loads((ws / "runtime" / "result.json").read_text())["state"] == "terminated"
 
 

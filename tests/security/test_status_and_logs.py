@@ -87,7 +87,9 @@ def test_logs_on_a_terminal_show_escape_sequences_as_text(logged):
     (ws / "artifacts" / "stdout.log").write_bytes(HOSTILE_LOG)
     (ws / "artifacts" / "stderr.log").write_bytes(b"err\x1b[8m\n")
     shown = _logs_on_terminal(repo, env)
-    assert shown == (ESCAPED_LOG + "err\\x1b[8m\n").encode(), shown
+    # A terminal labels each line with its stream (the run keeps a log index: docs/cli.md).
+    labelled = "".join("out | " + line for line in ESCAPED_LOG.splitlines(keepends=True))
+    assert shown == (labelled + "err | err\\x1b[8m\n").encode(), shown
     assert b"\x1b" not in shown and b"\r" not in shown and b"\x07" not in shown
     # --raw: the bytes as the job wrote them, even on a terminal.
     assert _logs_on_terminal(repo, env, "--raw") == HOSTILE_LOG + b"err\x1b[8m\n"

@@ -44,7 +44,8 @@ def test_each_interpreter_problem_is_named_and_permanent(tmp_path, case, expect)
     assert report is not None and report["ok"] is False and expect in report["reason"]
     assert f"login {pwd.getpwuid(os.getuid()).pw_name}" in report["reason"]  # who could not run it
     # The probe turns it into a permanent failure with that reason: no retry is burnt on it.
-    assert expect in probe._precheck_failure(str(tmp_path))
+    reason, scope = probe._precheck_failure(str(tmp_path))
+    assert expect in reason and scope == "machine"  # the machine's: another machine may take the run
 
 
 def test_a_working_interpreter_goes_on_to_the_precheck(tmp_path):

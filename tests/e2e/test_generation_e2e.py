@@ -1,0 +1,138 @@
+"""A generation number never names two spec contents: real passes, two machines over SSH (loopback
+sshd), a reconciler killed between its launch and its status commit, a machine that stops answering
+while the spec changes again, and a fresh clone that knows nothing of the lost launch.
+
+The status the clone reads records generation 1; generation 2 runs, under the second spec, on the
+machine that does not answer. Picking the next number from what is in sight would start the third
+spec as generation 2 on the other machine: one identity for two contents, and two attempts alive.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from reconciler.core import config
+from reconciler.engine.loop import Reconciler
+from reconciler.runtime.readings import carriers
+from reconciler.spec.load import load_tree
+from reconciler.status.store import load_all
+from tests.repo_helpers import reconcile_cli
+from tests.world import World, fleet, machine, run_spec
+
+pytestmark = pytest.mark.e2e
+pytest_plugins = ["tests.infra.fixtures"]
+
+
+def here(w: World) -> dict[str, list[int]]:
+    """Live processes by identity, of this world's workspaces only (another suite may run a run of
+    the same name beside this one)."""
+    out: dict[str, list[int]] = {}
+    for root in [w.local_root, *map(Path, w.roots)]:
+        for ident, pids in carriers(root=str(root / "test")).items():
+            out.setdefault(ident, []).extend(pids)
+    return out
+
+
+class Sampler(threading.Thread):
+    """Every 20 ms: the attempts of ``gen`` with a live process; every moment with two of them."""
+
+    def __init__(self, w: World):
+        super().__init__(daemon=True)
+        self.w, self.samples, self.seen, self.overlaps = w, 0, set(), []
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            alive = sorted(i for i in here(self.w) if i.startswith("gen-g"))
+            self.samples += 1
+            self.seen.update(alive)
+            if len(alive) > 1:
+                self.overlaps.append((time.time(), alive))
+            self.halt.wait(0.02)
+
+
+def reap(w: World) -> None:
+    for _ in range(40):
+        pids = [p for i, ps in here(w).items() if i.startswith("gen-g") for p in ps]
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+
+
+def spec(n: int) -> dict:
+    return run_spec("gen", "ssh-host", ["sh", "-c", f"sleep 120; exit {n}"], restartPolicy={"maxRetries": 0})
+
+
+def digest(repo: Path) -> str:
+    return load_tree(repo).runs["gen"].digest
+
+
+def test_a_lost_launch_on_a_machine_that_does_not_answer_keeps_its_generation_number(tmp_path, sshd_factory):
+    a, b = sshd_factory(), sshd_factory()
+    machines = [machine(a, "lab-a", max_tasks=1), machine(b, "lab-b", max_tasks=1)]
+    servers = {"lab-a": a, "lab-b": b}
+    with World(tmp_path, [fleet(machines)], terminate_grace=0.5) as w:
+        sampler = Sampler(w)
+        sampler.start()
+        try:
+            w.add_run(spec(1))
+            first = w.until("gen", lambda s: s.phase == "Running", timeout=60)
+            assert first.handle.identity == "gen-g1-a1"
+
+            # The second spec is launched as generation 2, and the pass dies before any status.
+            w.add_run(spec(2))
+            second = digest(w.repo)
+            env = {"RECONCILER_WORKSPACE_ROOT": str(w.local_root), "RECONCILER_NAMESPACE": "test",
+                   "RECONCILER_PUSH": "false", "RECONCILER_TERMINATE_GRACE": "0.5"}
+            crashed = reconcile_cli(w.repo, "--once", env=env, crash_after="apply", timeout=120)
+            assert crashed.returncode == 137, crashed.stderr[-2000:]
+            assert w.status("gen").generation == 1  # git never heard of generation 2
+            lost = [m["name"] for m in machines if Path(m["workspace_root"], "test", "gen-g2-a1").is_dir()]
+            assert len(lost) == 1 and here(w).get("gen-g2-a1"), lost
+            other = next(m["name"] for m in machines if m["name"] != lost[0])
+
+            # Its machine stops answering (what runs there keeps running), the spec changes again,
+            # and a fresh clone of the repository takes over.
+            servers[lost[0]].stop()
+            w.add_run(spec(3))
+            clone = tmp_path / "clone"
+            subprocess.run(["git", "clone", "-q", str(w.repo), str(clone)], check=True, capture_output=True)
+            rec = Reconciler(config.load(str(clone), flags=w.flags))
+            for _ in range(2):
+                rec.run_pass()
+            st = load_all(clone / "status")["gen"]
+            assert st.phase == "Pending", st
+            assert "may hold a launch of gen that never reached git" in st.message, st.message
+            assert lost[0] in st.message and st.generation == 1, st
+            other_root = next(m["workspace_root"] for m in machines if m["name"] == other)
+            assert not Path(other_root, "test", "gen-g2-a1").exists()  # number 2 was not taken again
+            assert here(w).get("gen-g1-a1") is None and here(w).get("gen-g2-a1")
+
+            # Back: the lost launch is in sight, numbered past and stopped; the third spec runs as 3.
+            servers[lost[0]].start()
+            for _ in range(40):
+                rec.run_pass()
+                st = load_all(clone / "status")["gen"]
+                if st.phase == "Running":
+                    break
+            assert st.phase == "Running" and st.handle.identity == "gen-g3-a1", st
+            assert st.spec.digest == digest(clone) != second
+            assert here(w).get("gen-g2-a1") is None
+        finally:
+            sampler.halt.set()
+            sampler.join(5)
+            reap(w)
+    assert {"gen-g1-a1", "gen-g2-a1", "gen-g3-a1"} <= sampler.seen and sampler.samples > 50
+    assert sampler.overlaps == [], f"two attempts alive at once: {sampler.overlaps[:3]}"
