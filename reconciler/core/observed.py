@@ -79,9 +79,6 @@ class ObservedMachine:
     reachable: bool = True
     error: str = ""
     unreachable_since: float | None = None
-    # Silent now, but it answered an earlier pass of this process (engine/downtime.py): it cannot
-    # hold a launch that git never heard of.
-    heard: bool = False
     runs: dict[str, ObservedRun] = field(default_factory=dict)
     round_trips: int = 0
     draining: str | None = None  # the machine's own drain flag (`reconcile agent drain`): its reason

@@ -112,7 +112,6 @@ class Reconciler:
         self.secret_source: Callable[[str], str | None] = os.environ.get
         self.providers = Providers(cfg.repo, cfg.state_dir, lambda name: self.secret_source(name))
         self._passes = 0  # counts passes for the periodic full collection
-        self.heard: set[str] = set()  # machines that answered a pass of this process (engine/downtime.py)
         self._status_clean: list | None = None  # see _commit
         # What an earlier process learnt (reconciler/engine/passcache.py): a fresh --once reads and
         # parses only what changed since.
@@ -226,7 +225,7 @@ class Reconciler:
             world.saved_checkpoints = checkpoints.saved(cfg.state_dir)
         if desired.storages:
             storage_outputs(desired, world, previous, cfg.repo_namespace)
-        downtime.mark(cfg.state_dir, world, self.heard, now)  # silent since when; which ones this process heard
+        downtime.mark(cfg.state_dir, world, now)  # since when each silent machine is silent
         from .lookalikes import first_seen  # orphan_grace of instances without a start time
 
         world.first_seen = first_seen(cfg.state_dir, world, now)

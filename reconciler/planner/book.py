@@ -56,7 +56,7 @@ class PlanBook:
         """Whether some machine does not answer: when none does, no start can be held for one
         (fence.hold_unseen_launches), and the per-run search for them is skipped."""
         if self._any_down is None:
-            self._any_down = any(not m.reachable and not m.heard for m in self.world.machines.values())
+            self._any_down = any(not m.reachable for m in self.world.machines.values())
         return self._any_down
 
     def effective(self, entry) -> Effective:

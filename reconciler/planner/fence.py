@@ -133,7 +133,7 @@ def hold_unseen_launches(changes: list[Change], name: str, prev: RunStatus | Non
     # attempt in the status.
     held = _machines_of(prev.handle) if recorded and prev.phase not in TERMINAL else []
     down = [(where, m, until) for where in machines if (m := world.machines.get(where)) is not None
-            and not m.reachable and not m.heard and not evaporated(world, where)
+            and not m.reachable and not evaporated(world, where)
             and now < (until := (m.unreachable_since or now) + grace)]
     if not down or any(where in held for where, _, _ in down):
         return

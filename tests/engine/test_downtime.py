@@ -1,5 +1,5 @@
 """engine/downtime.py: a silent machine's silence is dated from the first pass that found it, across
-processes, so the hold of planner/fence.py ends after the grace; heard machines are marked."""
+processes, so the hold of planner/fence.py ends after the grace."""
 
 from __future__ import annotations
 
@@ -18,27 +18,26 @@ def world(**reachable: bool) -> ObservedWorld:
 
 def test_silence_is_dated_from_the_first_pass_that_found_it_even_in_a_new_process(tmp_path):
     w = world(a=False, b=True)
-    mark(tmp_path, w, set(), now=100.0)
+    mark(tmp_path, w, now=100.0)
     assert w.machines["a"].unreachable_since == 100.0
     later = world(a=False, b=True)
-    mark(tmp_path, later, set(), now=400.0)  # a new process: nothing in memory, the file remains
-    assert later.machines["a"].unreachable_since == 100.0 and not later.machines["a"].heard
+    mark(tmp_path, later, now=400.0)  # a new process: nothing in memory, the file remains
+    assert later.machines["a"].unreachable_since == 100.0
     assert json.loads((tmp_path / FILE).read_text()) == {"a": 100.0}
 
 
-def test_an_answer_clears_the_date_and_marks_the_machine_heard(tmp_path):
-    heard: set[str] = set()
-    mark(tmp_path, world(a=False), heard, now=100.0)
-    mark(tmp_path, world(a=True), heard, now=200.0)
-    assert heard == {"a"} and json.loads((tmp_path / FILE).read_text()) == {}
+def test_an_answer_clears_the_date(tmp_path):
+    mark(tmp_path, world(a=False), now=100.0)
+    mark(tmp_path, world(a=True), now=200.0)
+    assert json.loads((tmp_path / FILE).read_text()) == {}
     again = world(a=False)
-    mark(tmp_path, again, heard, now=300.0)
-    assert again.machines["a"].unreachable_since == 300.0 and again.machines["a"].heard
+    mark(tmp_path, again, now=300.0)
+    assert again.machines["a"].unreachable_since == 300.0
 
 
 def test_a_status_that_dates_it_earlier_wins_and_a_broken_file_is_ignored(tmp_path):
     (tmp_path / FILE).write_text("{not json")
     w = world(a=False)
     w.machines["a"].unreachable_since = 50.0
-    mark(tmp_path, w, set(), now=100.0)
+    mark(tmp_path, w, now=100.0)
     assert w.machines["a"].unreachable_since == 50.0

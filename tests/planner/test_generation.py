@@ -57,12 +57,3 @@ def test_a_local_run_never_waits_for_an_ssh_machine():
     [c] = make_plan(desired, world, previous, now, settings).changes
     assert c.action in (Action.LAUNCH, Action.RELAUNCH) and c.identity == "remote-g3-a1"
 
-
-def test_a_machine_this_process_heard_from_holds_nothing():
-    """It answered an earlier pass, which saw every instance on it: no launch there is unrecorded."""
-    stem = "82-generation-new-number-waits-for-a-machine-that-may-hold-an-unrecorded-launch"
-    case = yaml.safe_load((CASES / f"{stem}.yaml").read_text())
-    desired, world, previous, now, settings = build(case)
-    world.machines["gpu-2"].heard = True
-    [c] = make_plan(desired, world, previous, now, settings).changes
-    assert c.action == Action.RELAUNCH and c.identity == "remote-g3-a1"
