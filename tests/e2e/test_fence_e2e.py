@@ -154,7 +154,9 @@ def test_the_soak_counts_two_attempts_alive_at_once(tmp_path, sshd):
     report = json.loads(p.stdout)
     assert report["ssh"] == {"machines": 1, "sshd_stops": report["ssh"]["sshd_stops"]}
     attempts = report["attempts"]
-    assert attempts["samples"] > 50 and attempts["period_p50_ms"] <= 50, attempts
+    # Its period is the load's to decide (a timed assertion would flake on a busy machine); the
+    # planted overlap below must be caught whatever it is.
+    assert attempts["samples"] >= 20 and attempts["period_p50_ms"] <= 500, attempts
     assert report["planted"] == {"two_attempts": 1}
     planted = [d for d in report["details"] if "two_attempts" in d and "overlap-g1-a1" in d]
     assert planted and report["violations"]["two_attempts"] == len(
