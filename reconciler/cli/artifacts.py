@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.core.boundary import BadReply, bounded_int, clean_text, loads
+from reconciler.core.relpaths import plain_path_problem
 from reconciler.core.errors import PermanentError, ReconcilerError, TemporaryError, UsageError
 from reconciler.status import store as statuses
 
 from .common import _cfg, no_such_run, status_names
 
-PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+=@-]{0,127}")
 MAX_PARTS = 32
 CHECKPOINT = re.compile(r"checkpoint-([0-9]{1,12})")
 SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -49,16 +49,7 @@ SKIPPED_SHOWN = 5
 def path_problem(rel: Any) -> str | None:
     """Why ``rel`` is not a plain path under a run's base (relative, no '.' or '..', printable
     plain names), or None."""
-    if not isinstance(rel, str) or not rel or len(rel) > 4096:
-        return "not a path of a sensible length"
-    if rel.startswith("/"):
-        return "an absolute path"
-    parts = rel.split("/")
-    if any(p in ("", ".", "..") for p in parts):
-        return "an empty, '.' or '..' component"
-    if len(parts) > MAX_PARTS or not all(PART.fullmatch(p) for p in parts):
-        return "not made of plain names (letters, digits and ._+=@-)"
-    return None
+    return plain_path_problem(rel, 4096, MAX_PARTS, "plain names (letters, digits and ._+=@-)")
 
 
 @dataclass

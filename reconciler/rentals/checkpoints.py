@@ -37,25 +37,20 @@ from pathlib import Path
 from reconciler.artifacts import safetar
 from reconciler.core.errors import TemporaryError
 from reconciler.core.identity import make, parse
+from reconciler.core.relpaths import plain_path_problem
 
 # What the probe reports: a checkpoint folder under the job's artifacts (ms-swift writes
 # artifacts/output/<version>/checkpoint-N), as plain components.
 CHECKPOINT_NAME = re.compile(r"checkpoint-[0-9]{1,12}")
-COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+=@-]{0,127}")
 MAX_DEPTH = 8
 
 
 def checkpoint_problem(rel: str) -> str | None:
     """Why ``rel`` is not a workspace-relative checkpoint folder that may be copied, or None."""
-    if not isinstance(rel, str) or not rel or len(rel) > 512:
-        return "not a path of a sensible length"
-    if rel.startswith("/"):
-        return "an absolute path"
+    why = plain_path_problem(rel, 512, MAX_DEPTH)
+    if why is not None:
+        return why
     parts = rel.split("/")
-    if any(p in ("", ".", "..") for p in parts):
-        return "an empty, '.' or '..' component"
-    if len(parts) > MAX_DEPTH or not all(COMPONENT.fullmatch(p) for p in parts):
-        return "not made of plain names"
     if parts[0] != "artifacts" or len(parts) < 2:
         return "not under artifacts/"
     if not CHECKPOINT_NAME.fullmatch(parts[-1]):
