@@ -147,7 +147,10 @@ class Bench:
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=10)
-        root = self.ws / "bench"
+        self.cleanup_root(self.ws / "bench")
+
+    @staticmethod
+    def cleanup_root(root: Path) -> None:
         if root.is_dir():
             for ws in root.iterdir():
                 try:
@@ -185,12 +188,13 @@ def floor_watcher(root: str, ws: str) -> int:
     return 0
 
 
-def warm(write, started) -> int:
-    """Write spec files until the watcher behind them starts one; the number of the one it started."""
+def warm(write, started, patience: float = 2.0) -> int:
+    """Write spec files until the watcher behind them starts one (within ``patience`` seconds
+    each); the number of the one it started."""
     for k in range(60):
         write(k)
         try:
-            wait_for(lambda: started(k), timeout=2.0, interval=0.01)
+            wait_for(lambda: started(k), timeout=patience, interval=0.01)
             return k
         except AssertionError:
             continue
@@ -259,8 +263,11 @@ def against_floor(b: Bench, rounds: int) -> tuple[Path, Path, Path, int]:
     # watched is never seen, so write another until one is).
     warm(lambda k: _write_spec(floor_root, f"warm{k}"),
          lambda k: _has_pid(floor_ws / f"warm{k}" / "runtime" / "pid"))
-    k = warm(lambda k: _write_spec(clone, f"warm{k}"), lambda k: b.started(f"warm{k}-g1-a1"))
-    wait_for(lambda: pushed(origin, f"warm{k}"), timeout=60, interval=0.01)
+    # Twice: a fresh clone holds new identities for one launch TTL after its first pass once the
+    # repository has statuses (docs/loop.md, "Identities"); the second warm-up waits that out.
+    for prefix in ("warm", "warmer"):
+        k = warm(lambda k: _write_spec(clone, f"{prefix}{k}"), lambda k: b.started(f"{prefix}{k}-g1-a1"), 40.0)
+        wait_for(lambda: pushed(origin, f"{prefix}{k}"), timeout=60, interval=0.01)
     print(f"machine: {machine()}; load average before: {load()}")
     cpu0 = cpu_seconds(daemon.pid), cpu_seconds(floor.pid)
     lat: dict[str, list[float]] = {"daemon": [], "floor": []}
@@ -414,6 +421,79 @@ def large(b: Bench, specs: int) -> None:
           f"{info['VmHWM']:.0f} MB  (target ≤ 150 MB)")
 
 
+# The pass's steps timed by --phases, in the order a launching pass reaches them: (module, attribute, label).
+STEPS = (("reconciler.engine.loop", "load_tree", "load specs"),
+         ("reconciler.engine.loop", "Reconciler._observe_world", "observe"),
+         ("reconciler.engine.loop", "make_plan", "plan"),
+         ("reconciler.engine.uncommitted", "Uncommitted.specs", "git status -- specs"),
+         ("reconciler.engine.guards", "before_apply", "launch holds"),
+         ("reconciler.engine.inflight", "Journal.issue", "launch journal: issue"),
+         ("reconciler.artifacts.bundle", "build", "bundle build"),
+         ("reconciler.machines.local_launch", "start_host", "launch (in-process)"),
+         ("reconciler.machines.local_launch", "wait_for_pid", "  of which: the wrapper until its pid"),
+         ("reconciler.engine.inflight", "Journal.answered", "launch journal: answered"),
+         ("reconciler.engine.loop", "Reconciler._write_statuses", "status files"),
+         ("reconciler.engine.loop", "Reconciler._commit", "commit"))
+
+
+def phases(tmp: Path, n: int) -> None:
+    """Section 5 (--phases N): where a change-driven pass spends its time, in-process: a
+    ``Reconciler`` as the daemon keeps it, N spec files added one per pass, each step timed by
+    wrapping it (a step renamed since is left out and said so)."""
+    import importlib
+
+    origin, _, clone = Bench(tmp).setup("phases")
+    os.environ.update(RECONCILER_WORKSPACE_ROOT=str(tmp / "ws-phases"), RECONCILER_NAMESPACE="bench",
+                      RECONCILER_LOCAL_GPUS="0", RECONCILER_LAUNCH_TTL="2")
+    from reconciler.core import config as configs
+    from reconciler.engine.loop import Reconciler
+
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for mod, attr, label in STEPS:
+        owner = importlib.import_module(mod)
+        *path, name = attr.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        if not hasattr(owner, name):
+            print(f"  (not timed: {mod}.{attr} is gone)")
+            continue
+        setattr(owner, name, _timed(getattr(owner, name), spans.setdefault(label, [])))
+    cfg = configs.load(str(clone), None, {"allow_dirty": True, "commit": True})
+    rec = Reconciler(cfg, keep_connections=True)
+    _write_spec(clone, "first")
+    rec.run_pass()
+    # Past the fresh process's hold of new identities (launch_ttl, set short here, and its margin).
+    time.sleep(getattr(cfg, "launch_ttl", 0) + getattr(cfg, "launch_clock_margin", 0) + 0.5)
+    for s in spans.values():
+        s.clear()
+    passes = []
+    for i in range(n):
+        _write_spec(clone, f"phase{i}")
+        t0 = time.perf_counter()
+        rec.run_pass()
+        passes.append((t0, time.perf_counter()))
+    print(f"\none change-driven pass, in-process, median of {n} (load average {load()}):")
+    launch = spans.get("launch (in-process)") or []
+    if len(launch) == n:
+        print(f"  {'pass start → launch begins':40s} {statistics.median(l[0] - p[0] for l, p in zip(launch, passes)) * 1000:6.1f} ms")
+    for label, s in spans.items():
+        if s:
+            print(f"  {label:40s} {statistics.median(b - a for a, b in s) * 1000:6.1f} ms  (n={len(s)})")
+    print(f"  {'the whole pass':40s} {statistics.median(b - a for a, b in passes) * 1000:6.1f} ms")
+    Bench(tmp).cleanup_root(tmp / "ws-phases" / "bench")
+
+
+def _timed(fn, out: list):
+    @functools.wraps(fn)
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            out.append((t0, time.perf_counter()))
+    return timed
+
+
 def main() -> int:
     if sys.argv[1:2] == ["--floor-watcher"]:
         return floor_watcher(sys.argv[2], sys.argv[3])
@@ -423,6 +503,7 @@ def main() -> int:
     ap.add_argument("--specs", type=int, default=10_000)
     ap.add_argument("--skip-large", action="store_true")
     ap.add_argument("--skip-small", action="store_true")
+    ap.add_argument("--phases", type=int, default=0, help="time the steps of N change-driven passes in-process")
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="daemon-bench-"))
@@ -436,6 +517,8 @@ def main() -> int:
             print(f"push → webhook → process start: {fmt(hook)}  (target ≤ 2000 ms)")
             b.cleanup()
             b.procs.clear()
+        if args.phases:
+            phases(tmp, args.phases)
         if not args.skip_large:
             large(b, args.specs)
         return 0

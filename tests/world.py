@@ -145,6 +145,18 @@ class World:
         raise AssertionError(f"{name}: condition not reached in {timeout}s; last status:\n"
                              + (json.dumps(last.model_dump(mode="json"), indent=1) if last else "none"))
 
+    def passes_until(self, cond: Callable[[], bool], passes: int = 3, **flags: Any) -> int:
+        """Run passes until ``cond()`` holds (at most ``passes``); how many it took. For what a
+        later pass does by design, such as removing a finished run's workspace once git records
+        its end (engine/endclean.py)."""
+        rec = self.reconciler(**flags)
+        for n in range(passes + 1):
+            if cond():
+                return n
+            if n < passes:
+                rec.run_pass()
+        raise AssertionError(f"not reached in {passes} passes")
+
     def __enter__(self) -> "World":
         return self
 

@@ -20,7 +20,7 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import codepin
+from . import codepin, shipped
 from reconciler.core.boundary import BadReply, loads
 from reconciler.core.errors import PermanentError
 from .safetar import read_plain
@@ -29,10 +29,6 @@ from reconciler.spec.resolve import Effective
 from reconciler.tasks import RenderContext, env_lines, render
 
 SCHEMA_VERSION = "v1"
-RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime"
-SHIPPED_SCRIPTS = ("launch.sh", "gpu_sampler.py", "precheck.py", "precheck_gpus.py", "log_stamp.py",
-                   # uploads to the run's Storage, machine to bucket (used when scripts/storage.json is there)
-                   "storage_sync.py", "storage_fetch.py", "storage_common.py")
 CONTENT_DIRS = ("inputs", "scripts")
 
 
@@ -125,8 +121,8 @@ def build(req: BundleRequest, dest: Path) -> Bundle:
     rendered = render(run.spec.task, RenderContext(identity=req.identity, python=req.python,
                                                     resume_from=req.resume_from, gpus=req.gpus, bundle=tmp))
     _write(tmp / "scripts" / "entrypoint.sh", rendered.entrypoint.encode(), 0o755)
-    for name in SHIPPED_SCRIPTS:
-        _write(tmp / "scripts" / name, (RUNTIME_DIR / name).read_bytes(), 0o755)
+    shipped.place(tmp / "scripts", skip={rel.rsplit("/", 1)[-1] for rel in rendered.files
+                                                      if rel.startswith("scripts/") and rel.count("/") == 1})
     for rel, content in sorted(rendered.files.items()):
         _write(tmp / rel, content, 0o644)
     res = req.effective.resources

@@ -9,15 +9,19 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from reconciler.core import config as configs
-from reconciler.status import store as statuses
-from reconciler.core.runstatus import cost_so_far, iso, parse_iso
-from reconciler.core.actions import Action
 from reconciler.core.errors import UsageError
-from reconciler.planner.render import text as plan_text
 
 from .common import _cfg, no_such_run, status_names  # noqa: F401 - shared with the other commands
+
+if TYPE_CHECKING:
+    from reconciler.core import config as configs
+
+# The status files, the models and the planner are imported by the commands that use them: a
+# ``--once`` over a settled tree needs none of them (reconciler/engine/quickpass.py), and their
+# imports alone cost more than that pass.
 
 
 def run(name: str, args: argparse.Namespace) -> int:
@@ -40,6 +44,7 @@ def run(name: str, args: argparse.Namespace) -> int:
     if name == "provenance":
         from reconciler.artifacts.provenance import cmd_provenance
         from reconciler.core.identity import parse as parse_identity
+        from reconciler.status import store as statuses
 
         cfg = _cfg(args)
         for wanted in (args.name, getattr(args, "diff", None)):
@@ -71,6 +76,9 @@ def _require_specs(cfg: configs.Config) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """``plan``: the dry run of a pass, or with ``--offline`` the plan on the recorded world."""
+    from reconciler.planner.render import text as plan_text
+    from reconciler.status import store as statuses
+
     if not args.offline:
         if args.github:
             raise UsageError("--github needs --offline (a pull request's job asks no machine)")
@@ -111,8 +119,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_once(args: argparse.Namespace, dry_run: bool) -> int:
     """One pass, or its plan. Exit 0, or 1 when an action of the pass failed (the others were still
     applied, and the failure is in the run's status); a plan has no actions and exits 0."""
-    from reconciler.daemon.logs import setup_logging
-    from reconciler.engine.loop import Reconciler
+    from reconciler.core import configcache
+    from reconciler.planner.render import text as plan_text
 
     flags = {}
     if getattr(args, "no_commit", False):
@@ -121,17 +129,11 @@ def cmd_once(args: argparse.Namespace, dry_run: bool) -> int:
         flags["allow_dirty"] = True
     if getattr(args, "log_format", None):
         flags["log_format"] = args.log_format
-    cfg = _cfg(args, **flags)
-    _require_specs(cfg)
-    setup_logging(cfg.log_format)  # the pass's log lines (and libraries'), formatted as the daemon's
-    rec = Reconciler(cfg)
-    if dry_run:
-        result = rec.run_pass(dry_run=True)
-    else:
-        from reconciler.daemon.lock import RepoLock
-
-        with RepoLock(cfg.state_dir):  # held by a running daemon: exit 2, naming it
-            result = rec.run_pass()
+    repo = Path(getattr(args, "repo", None) or ".")
+    inputs = configcache.Inputs(repo.resolve(), getattr(args, "config", None), flags) if repo.is_dir() else None
+    result = _quick_once(configcache.cached(inputs) if inputs is not None else None, dry_run)
+    if result is None:
+        result = _full_once(args, flags, inputs, dry_run)
     if args.json:
         out = result.plan.to_json()
         if not dry_run:
@@ -167,7 +169,56 @@ def cmd_once(args: argparse.Namespace, dry_run: bool) -> int:
     return 1 if any(not o.ok for o in result.outcomes) else 0
 
 
+def _full_once(args: argparse.Namespace, flags: dict, inputs, dry_run: bool):
+    """The pass: the configuration validated, the tree loaded, the machines asked, the plan applied."""
+    from reconciler.core import configcache
+    from reconciler.daemon.logs import setup_logging
+    from reconciler.engine.loop import Reconciler
+
+    cfg = _cfg(args, **flags)
+    _require_specs(cfg)
+    if not dry_run and inputs is not None:  # a plan changes nothing, in the working state neither
+        configcache.save(inputs, cfg.model_dump(mode="json"))
+    setup_logging(cfg.log_format)  # the pass's log lines (and libraries'), formatted as the daemon's
+    rec = Reconciler(cfg)
+    if dry_run:
+        return rec.run_pass(dry_run=True)
+    from reconciler.daemon.lock import RepoLock
+
+    with RepoLock(cfg.state_dir):  # held by a running daemon: exit 2, naming it
+        return rec.run_pass()
+
+
+def _quick_once(cfg, dry_run: bool):
+    """The pass of a tree whose runs are all settled, proved to plan nothing without loading it
+    (reconciler/engine/quickpass.py), as the full pass's result; None: the full pass must run.
+    ``cfg``: the configuration last validated under the same inputs (None: not known)."""
+    from reconciler.spec.tree import SPEC_DIRS
+
+    if cfg is None or not any((cfg.repo / top).is_dir() for top in SPEC_DIRS):
+        return None  # the full pass says what is wrong
+    from types import SimpleNamespace
+
+    from reconciler.daemon.logs import setup_logging
+    from reconciler.engine import quickpass
+
+    setup_logging(cfg.log_format)
+    if dry_run:
+        plan = quickpass.check(cfg, dry_run=True)
+    else:
+        from reconciler.daemon.lock import RepoLock
+
+        with RepoLock(cfg.state_dir):  # held by a running daemon: exit 2, naming it
+            plan = quickpass.check(cfg)
+    if plan is None:
+        return None
+    return SimpleNamespace(plan=plan, written=[], transitions=[], commit=None, committed=[], outcomes=[],
+                           desired=SimpleNamespace(diagnostics=[]))
+
+
 def _age(text: str | None, now: float) -> str:
+    from reconciler.core.runstatus import parse_iso
+
     t = parse_iso(text)
     if t is None:
         return "-"
@@ -189,6 +240,8 @@ def _print_table(rows: list[tuple[str, ...]]) -> None:
 def machine_states(cfg: configs.Config) -> list[dict]:
     """Each machine as the reconciler sees it now (one probe each): attached, draining (taking
     nothing new, work still running), drained (nothing left: free for manual use) or unreachable."""
+    from reconciler.status import store as statuses
+
     from reconciler.engine.observe import observe
     from reconciler.core.names import LOCAL
     from reconciler.spec.load import load_tree
@@ -241,6 +294,9 @@ def cmd_machines(args: argparse.Namespace) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     """What a pass would decide for the run now (a dry run: nothing is changed), every machine and
     offer it considered and why, its priority and team, and the decision its status recorded."""
+    from reconciler.core.actions import Action
+    from reconciler.status import store as statuses
+
     from reconciler.engine.loop import Reconciler
     from reconciler.planner.quota import Quotas, priority_of
 
@@ -291,6 +347,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def rental_rows(cfg: configs.Config, now: float | None = None):
     """Every rental named as this repository's, with what a pass would do about it: the dry-run
     plan's release changes are the reaper's list (one rule for the daemon and this command)."""
+    from reconciler.core.actions import Action
+    from reconciler.core.runstatus import cost_so_far
+    from reconciler.status import store as statuses
+
     from reconciler.engine.loop import Reconciler
 
     rec = Reconciler(cfg)
@@ -321,6 +381,8 @@ def rental_rows(cfg: configs.Config, now: float | None = None):
 
 
 def cmd_rentals(args: argparse.Namespace) -> int:
+    from reconciler.core.runstatus import iso
+
     cfg = _cfg(args)
     _require_specs(cfg)
     rows, result, rec = rental_rows(cfg)
@@ -365,6 +427,8 @@ def cmd_rentals(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from reconciler.status import store as statuses
+
     if getattr(args, "machines", False):
         if args.name:
             raise UsageError("status --machines takes no run NAME")
@@ -404,6 +468,8 @@ def _status_output(args: argparse.Namespace) -> str:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    from reconciler.status import store as statuses
+
     from .logs import follow_logs
 
     cfg = _cfg(args)

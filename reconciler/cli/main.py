@@ -21,13 +21,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from difflib import get_close_matches
 from pathlib import Path
 
 from reconciler.core.errors import ReconcilerError, UsageError
 
 from .about import version
-from .offers import build as build_offers, cmd_offers
 
 PROG = "reconcile"
 
@@ -221,7 +219,9 @@ def _applies_text(dest: str) -> str:
     return "; for " + ", ".join(names + extra)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: tuple[str, ...] | None = None) -> argparse.ArgumentParser:
+    """The whole parser; ``commands``: only these commands get their arguments (``main`` adds the
+    one it runs: each command's options import its module, and a pass needs none of them)."""
     p = argparse.ArgumentParser(
         prog=PROG,
         usage="%(prog)s [OPTIONS]                    the daemon; with --once, one pass\n"
@@ -253,7 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.commands = {}  # name → its parser, for its usage line in errors
     for name, text in COMMANDS.items():
         c = sub.add_parser(name, prog=f"{PROG} {name}", help=text, description=text[0].upper() + text[1:] + ".")
-        _build_command(c, name)
+        if commands is None or name in commands:
+            _build_command(c, name)
         p.commands[name] = c
     return p
 
@@ -315,7 +316,7 @@ def _build_command(p: argparse.ArgumentParser, name: str) -> None:
     elif name == "config":
         _add_command_globals(p, name, json="the same JSON document (the output is JSON either way)")
     elif name == "offers":
-        build_offers(p, _add_command_globals)
+        _build_offers(p)
     elif name in ("stop", "start", "restart"):
         from .steer import build as build_steer
 
@@ -338,6 +339,12 @@ def _build_command(p: argparse.ArgumentParser, name: str) -> None:
         p.add_argument("shell", choices=SHELLS, metavar="SHELL", help="one of: " + ", ".join(SHELLS))
         p.epilog = ('Install: eval "$(reconcile completion bash)" in ~/.bashrc (zsh: the same line in ~/.zshrc, after '
                     "compinit); fish: reconcile completion fish > ~/.config/fish/completions/reconcile.fish")
+
+
+def _build_offers(p: argparse.ArgumentParser) -> None:
+    from .offers import build
+
+    build(p, _add_command_globals)
 
 
 def _build_agent(p: argparse.ArgumentParser) -> None:
@@ -372,6 +379,8 @@ def _command_word(argv: list[str], options: dict[str, bool]) -> str | None:
 
 
 def _unknown_command(word: str) -> str:
+    from difflib import get_close_matches
+
     close = get_close_matches(word, SUBCOMMANDS, n=1, cutoff=0.6)
     if close:
         return f"unknown command {word!r}; did you mean {close[0]!r}?"
@@ -425,11 +434,14 @@ def parse(argv: list[str], parser: argparse.ArgumentParser | None = None) -> tup
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        parser = build_parser()
         if "_ARGCOMPLETE" in os.environ:  # a TAB in a shell that loaded `reconcile completion SHELL`
             import argcomplete
 
-            argcomplete.autocomplete(parser)  # prints the candidates to the shell and exits
+            argcomplete.autocomplete(build_parser())  # prints the candidates to the shell and exits
+        parser = build_parser(commands=())
+        word = _command_word(argv, _takes_value(parser))
+        if word in COMMANDS:
+            _build_command(parser.commands[word], word)
         cmd, args = parse(argv, parser)
         return _dispatch(cmd, args)
     except SystemExit as e:  # argparse: usage errors (2), --help and --version (0)
@@ -477,6 +489,8 @@ def _dispatch(name: str, args: argparse.Namespace) -> int:
 
         return dispatch(name, args)
     if name == "offers":
+        from .offers import cmd_offers
+
         return cmd_offers(args)
 
     return commands.run(name, args)

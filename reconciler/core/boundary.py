@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .identity import split
 from .observed import ObservedRun
+from .parse_reuse import ParseMemo
 from .slurm_end import SlurmEnd
 from .uploads import from_probe
 
@@ -273,8 +274,17 @@ def _why(e: ValidationError) -> str:
 
 def parse_run(identity: str, raw: Any) -> RunReport:
     """One run entry → a RunReport; an invalid entry → state ``unknown`` with the reason."""
+    return _parse_entry(identity, raw)[0]
+
+
+def _heartbeat(value: Any) -> float | None:
+    return finite(value, MAX_TIME)
+
+
+def _parse_entry(identity: str, raw: Any) -> tuple[RunReport, bool]:
+    """``parse_run``, and whether the report holds the entry's heartbeat (only a valid one does)."""
     if not isinstance(raw, dict):
-        return RunReport(identity, "", "unknown", message=f"the machine's report of {identity} is not an object")
+        return RunReport(identity, "", "unknown", message=f"the machine's report of {identity} is not an object"), False
     try:
         core = RunCore.model_validate(raw)
     except ValidationError as e:
@@ -284,13 +294,13 @@ def parse_run(identity: str, raw: Any) -> RunReport:
         except ValidationError:
             ws = None
         return RunReport(identity, "", "unknown", workspace=ws,
-                         message=f"the machine's report of {identity} is invalid ({_why(e)})")
+                         message=f"the machine's report of {identity} is invalid ({_why(e)})"), False
     gang = core.gang
     if gang is not None:
         node = split(identity)[1]
         if node is None or node != gang.rank or gang.rank >= gang.of or len(gang.machines) not in (0, gang.of):
             return RunReport(identity, "", "unknown",
-                             message=f"the machine's report of {identity} has an inconsistent gang layout")
+                             message=f"the machine's report of {identity} has an inconsistent gang layout"), False
     checkpoints: list[str] = []
     listed = raw.get("checkpoints")
     for c in listed if isinstance(listed, list) else ():
@@ -299,7 +309,7 @@ def parse_run(identity: str, raw: Any) -> RunReport:
             checkpoints.append(name)
         if len(checkpoints) >= MAX_CHECKPOINTS:
             break
-    heartbeat = finite(raw.get("heartbeat_age"), MAX_TIME)
+    heartbeat = _heartbeat(raw.get("heartbeat_age"))
     queued = raw.get("queued")
     uploads, uploads_error = from_probe(raw)  # runtime/uploads.json: its own boundary (core/uploads.py)
     return RunReport(
@@ -312,12 +322,14 @@ def parse_run(identity: str, raw: Any) -> RunReport:
         job=core.slurm_job, heartbeat_age=heartbeat, slurm_end=core.slurm_end.record() if core.slurm_end else None,
         gang=gang.model_dump() if gang is not None else None,
         # live: the processes of the identity still alive, in any session (a bounded count).
-        live=bounded_int(raw.get("live"), 0, 1 << 20) or 0, uploads=uploads, uploads_error=uploads_error)
+        live=bounded_int(raw.get("live"), 0, 1 << 20) or 0, uploads=uploads, uploads_error=uploads_error), True
 
 
-def parse_probe(report: Any) -> ProbeReply:
+def parse_probe(report: Any, memo: ParseMemo | None = None, source: str = "") -> ProbeReply:
     """A decoded probe reply → ProbeReply. ``BadReply`` only when the reply as a whole is unusable
-    (not an object, or its runs not a mapping); every smaller fault is dropped or made unknown."""
+    (not an object, or its runs not a mapping); every smaller fault is dropped or made unknown.
+    ``memo``: earlier parses, reused for runs identical to them (parse_reuse.py); ``source``: the
+    machine that sent the reply (its whole runs are compared with its last reply's)."""
     if not isinstance(report, dict):
         raise BadReply(f"the reply is a JSON {type(report).__name__}, not an object")
     runs = report.get("runs", {})
@@ -338,12 +350,30 @@ def parse_probe(report: Any) -> ProbeReply:
     elif drain is not None:
         out.rejected.append("drain: not an object")
     out.foreign_gpus, out.gpu_error = foreign_gpus(report.get("foreign_gpus"))
+    key, kept = memo.same_runs(source, runs, _heartbeat) if memo is not None and source else (None, None)
+    if kept is not None:  # the same runs as this machine's last reply, heartbeats and all
+        out.runs, refused = kept
+        out.rejected.extend(refused)
+        return out
+    before = len(out.rejected)
+    templates: dict[str, tuple[RunReport, bool]] = {}
+    _parse_runs(runs, out, memo, templates)
+    if key is not None:
+        memo.keep_runs(source, key, out.runs, out.rejected[before:], templates)
+    return out
+
+
+def _parse_runs(runs: dict, out: ProbeReply, memo: ParseMemo | None, templates: dict) -> None:
+    """Each run entry of a reply into ``out``: parsed (or its identical earlier parse reused), or
+    refused when its key is no run identity."""
     for ident, raw in runs.items():
         if not isinstance(ident, str) or len(ident) > 100 or split(ident)[0] is None:
             out.rejected.append(f"{clean_text(ident, 80)!r}: not a run identity")
             continue
-        out.runs[ident] = parse_run(ident, raw)
-    return out
+        if memo is not None:
+            out.runs[ident] = memo.parse(ident, raw, _parse_entry, _heartbeat, templates)
+        else:
+            out.runs[ident] = parse_run(ident, raw)
 
 
 def foreign_gpus(value: Any) -> tuple[list[int], str | None]:

@@ -8,18 +8,16 @@ them redacted.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import subprocess
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
-from . import procenv
+from . import configcache
 from .errors import UsageError
 
-REDACT = ("webhook_secret",)
+REDACT = configcache.REDACT
 NAMESPACE_PATTERN = r"^[a-z0-9]+(-[a-z0-9]+)*$"  # offers.NAMESPACE: "--" never inside
 
 
@@ -46,6 +44,12 @@ class Config(BaseModel):
     # it must not kill it on sight.
     orphan_grace: float = 300.0
     terminate_grace: float = 10.0
+    # A launch is refused on its machine once the machine's clock is past the reconciler's clock
+    # at issue plus this (so one left in flight by a killed reconciler lands within it, or never);
+    # a reconciler that cannot tell what its predecessor left in flight holds new identities for
+    # it plus the margin. The margin is the clock skew tolerated between this host and machines.
+    launch_ttl: float = Field(20.0, gt=0)
+    launch_clock_margin: float = Field(5.0, ge=0)
     # A node of a run on several machines whose launch wrapper has not beaten for this long is
     # frozen: the attempt is ended on every node (the wrapper beats every 2 s).
     gang_heartbeat_timeout: float = Field(30.0, gt=0)
@@ -113,8 +117,7 @@ class Config(BaseModel):
         if self.namespace:
             return self.namespace
         if self._namespace is None:  # one git call per process, not per machine and pass
-            url = _git(self.repo, "config", "--get", f"remote.{self.remote}.url") or str(self.repo.resolve())
-            self._namespace = "r-" + hashlib.sha256(url.encode()).hexdigest()[:12]
+            self._namespace = configcache.derived_namespace(self.repo, self.remote)
         return self._namespace
 
     @property
@@ -124,15 +127,6 @@ class Config(BaseModel):
     @property
     def state_dir(self) -> Path:
         return self.repo / ".reconciler"
-
-
-def _git(repo: Path, *args: str) -> str | None:
-    try:
-        p = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10,
-                           env=procenv.for_git())  # git never sees the secrets this process holds
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return p.stdout.strip() if p.returncode == 0 and p.stdout.strip() else None
 
 
 def _coerce(field: str, raw: str) -> Any:

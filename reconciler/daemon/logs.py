@@ -115,7 +115,7 @@ def setup_logging(fmt: str) -> None:
     """Route every logger, ours and every library's, to one stderr handler with one format.
 
     The handler sits on the root logger, so a library's records (paramiko's transport errors,
-    GitPython, ``warnings.warn`` through ``py.warnings``) are formatted like ours instead of being
+    ``warnings.warn`` through ``py.warnings``) are formatted like ours instead of being
     printed raw by Python's last-resort handler. Libraries log at WARNING and above (their INFO
     is chatter such as paramiko's "Connected (version ...)"); ``reconciler.*`` at
     ``RECONCILER_LOG_LEVEL``. Other plain stderr handlers already installed are removed, so no

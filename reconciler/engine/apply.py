@@ -25,6 +25,7 @@ from reconciler.core.identity import make, node_identity, node_of, parse
 from reconciler.core.names import LOCAL
 from reconciler.rentals.providers.base import OfferUnavailable
 from . import outputs
+from .parallel_launches import in_order
 from reconciler.core.plan import Change, Plan
 from reconciler.spec.load import DesiredState
 from reconciler.spec.resolve import effective
@@ -73,6 +74,7 @@ class ApplyContext:
     # What one collection or checkpoint copy may bring to this host (collect_max_bytes / _files).
     collect_limits: safetar.Limits = field(default_factory=safetar.Limits)
     repo_id: str = ""  # the repository's namespace: its folder in a Storage's bucket
+    inflight: object = None  # engine/inflight.py Journal: each launch recorded before it is issued
 
     def local_dir(self, machine: str, identity: str, workspace: str) -> Path:
         """Where an attempt's bundle lives on this host: its workspace itself when it runs here."""
@@ -87,7 +89,7 @@ def apply(plan: Plan, ctx: ApplyContext) -> list[Outcome]:
         groups.setdefault(key, []).append(c)
 
     def run_group(changes: list[Change]) -> list[Outcome]:
-        return [_one(c, ctx) for c in changes]
+        return in_order(changes, lambda c: _one(c, ctx), ctx.transport_for)  # launches overlap: see there
 
     outcomes: list[Outcome] = []
     if len(groups) <= 1:
@@ -223,7 +225,18 @@ def _launch_one(c: Change, ctx: ApplyContext, entry, secrets: dict, t, identity:
                       storage_env=sl.env if sl is not None else {})
     if sl is not None and out is not None:
         out.outputs = sl.outputs
-    return launchers.launch(t, spec), ws
+    return _issue(ctx, c.name, t, spec), ws
+
+
+def _issue(ctx: ApplyContext, run: str, t, spec: LaunchSpec) -> LaunchResult:
+    """Start ``spec`` with a deadline, recorded in the launch journal until the machine answers
+    (engine/inflight.py); a launch whose answer is lost stays there until its deadline."""
+    if ctx.inflight is None:
+        return launchers.launch(t, spec)
+    not_after = ctx.inflight.issue(run, t.machine.name, spec.identity)
+    res = launchers.launch(t, spec, not_after)
+    ctx.inflight.answered(run, t.machine.name, spec.identity)
+    return res
 
 
 def _vm_resume(c: Change, ctx: ApplyContext, entry, t, identity: str):
@@ -398,7 +411,7 @@ def _resume_path(t, prior: str) -> str | None:
 
 
 def _collect(c: Change, ctx: ApplyContext, out: Outcome) -> None:
-    if c.code == "Leftover" and c.remove:
+    if c.remove:  # a leftover, or an ended run's workspace once git holds its end (endclean.py)
         _collect_leftover(c, ctx)
         return
     final = c.phase in ("Succeeded", "Failed", "Terminated")
@@ -460,8 +473,7 @@ def _collect_into(ctx: ApplyContext, machine: str, identity: str, workspace: str
         manifest = {"artifacts": []}
     if collection is not None:
         manifest["collection"] = collection
-    # Only a run's final collection removes its remote workspace: a failed attempt that will be
-    # retried keeps it (the retry may resume from its checkpoints; attempts are counted from it).
-    remove = machine != LOCAL and ctx.remote_cleanup == "after_collect" and final
-    launchers.finish(t, ws, remove)
+    # No collection removes the workspace: until git holds the end, it is the end's only record
+    # (a later pass removes it: endclean.py); a failed attempt's also serves a retry's resume.
+    launchers.finish(t, ws, False)
     return manifest, str(local_dir)

@@ -29,9 +29,11 @@ from reconciler.planner.exposure import shared_login_warnings
 from reconciler.status.ledger import Ledger
 from .observe import names_to_watch, observe
 from .uncommitted import Uncommitted, hold_uncommitted, repo_key as uncommitted_key
-from . import downtime, passcache
+from . import downtime, guards, passcache
+from .rehome import malloc_trim as _malloc_trim, rehome, worth_it as worth_rehoming
 from .passcache import Settled
 from reconciler.core.observed import ObservedWorld
+from reconciler.core.parse_reuse import ParseMemo
 from reconciler.core.plan import Plan, PlanSettings
 from reconciler.planner.make import make_plan
 from reconciler.rentals.inventory import Providers
@@ -41,17 +43,6 @@ from reconciler.machines.pool import TransportPool
 log = logging.getLogger("reconciler")
 FULL_GC_EVERY = 50
 TRIM_AFTER = 1000  # spec files: a first pass this large leaves freed parse trees in malloc's arenas
-
-
-def _malloc_trim() -> None:
-    """Hand the memory a large first pass freed back to the system (glibc keeps it otherwise; the
-    daemon's resident size would stay at its peak). Elsewhere there is nothing to do."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _after_apply() -> None:
@@ -102,6 +93,7 @@ class Reconciler:
         self._as_filed: dict[str, statuses.RunStatus] = {}
         self._dirty: set[str] = set()  # spec files with uncommitted changes, this pass
         self.ledger = Ledger()  # status/README.md and the loss curves, rows kept across passes
+        self.parse_memo = ParseMemo()  # run entries a machine repeats are not validated again
         # Finished runs that nothing has touched since: neither parsed, held nor planned until their
         # spec digest, their status file or the machines' view of them changes (see _settle).
         self.settled: dict[str, Settled] = {}
@@ -115,7 +107,12 @@ class Reconciler:
         self._status_clean: list | None = None  # see _commit
         # What an earlier process learnt (reconciler/engine/passcache.py): a fresh --once reads and
         # parses only what changed since.
-        restored = passcache.restore(cfg.state_dir, cfg.repo, self.cache)
+        self._rehome = False  # the last pass parsed so much that its records are read back (rehome.py)
+        self.adopt(passcache.restore(cfg.state_dir, cfg.repo, self.cache))
+
+    def adopt(self, restored: passcache.Restored | None) -> None:
+        """Take what the pass cache restored into ``self.cache`` (on start, and by rehome.py)."""
+        cfg = self.cfg
         if restored is not None and (restored.ledger is not None or not cfg.ledger):
             # Settled runs' statuses are not read: the ledger's rows for them come with them.
             self.settled = restored.settled
@@ -123,7 +120,8 @@ class Reconciler:
                 self.ledger.rows, key = restored.ledger
                 self.ledger._key = tuple(key) if key is not None else None
         self.dirty = Uncommitted(*((restored.dirty_key, restored.dirty) if restored is not None else ()))
-        self._saved: tuple | None = (self.cache.hits, dict(self.settled), self.dirty.key) if restored else None
+        self._saved: tuple | None = (self.cache.hits, dict(self.settled), self.dirty.key, restored.clean,
+                                     self.ledger._key) if restored else None
 
     def settings(self) -> PlanSettings:
         if self._gpus is None:
@@ -134,6 +132,9 @@ class Reconciler:
 
     def run_pass(self, dry_run: bool = False, commit: bool | None = None, now: float | None = None) -> PassResult:
         t0 = time.perf_counter()
+        if self._rehome:
+            self._rehome = False
+            rehome(self)
         cfg = self.cfg
         now = time.time() if now is None else now
         desired = load_tree(cfg.repo, self.cache, tree_version=gitops.head(self.repo))
@@ -153,6 +154,7 @@ class Reconciler:
         try:
             world = self._observe_world(desired, previous, skipped, pool, status_dir, now)
             plan = self._plan(desired, world, previous, skipped, now)
+            world, plan, now = guards.before_apply(self, dry_run, desired, world, plan, previous, skipped, pool, now)
             result = PassResult(desired, world, plan)
             if dry_run:
                 result.duration = time.perf_counter() - t0
@@ -180,21 +182,16 @@ class Reconciler:
         do_commit = cfg.commit if commit is None else commit
         if do_commit and self.repo is not None:
             self._commit(result, written)
-        self._save_cache()
+        saved_before = self._saved
+        self._save_cache(desired)
+        self._rehome = worth_rehoming(self, saved_before)
         result.duration = time.perf_counter() - t0
         self._gc()
         return result
 
-    def _save_cache(self) -> None:
+    def _save_cache(self, desired: DesiredState | None = None) -> None:
         """Write the pass cache when this pass learnt something a fresh process would redo."""
-        now = (self.cache.hits, self.settled, self.dirty.key)
-        saved = self._saved
-        if (saved is not None and not self.cache.tree_changed and saved[0] == now[0] and saved[2] == now[2]
-                and len(saved[1]) == len(now[1]) and all(saved[1].get(n) is s for n, s in now[1].items())):
-            return  # a settled run's entry is kept as the same object while it stays settled
-        if passcache.save(self.cfg.state_dir, self.cache, self.settled, self.dirty.key, self.dirty.paths,
-                          self.ledger if self.cfg.ledger else None):
-            self._saved = (now[0], dict(now[1]), now[2])
+        passcache.save_changed(self, desired)
 
     def _observe_world(self, desired: DesiredState, previous: dict[str, statuses.RunStatus], skipped: set[str],
                        pool: TransportPool, status_dir: Path, now: float) -> ObservedWorld:
@@ -217,7 +214,7 @@ class Reconciler:
             return looked[name]
 
         world = observe(machines, pool.get, names_to_watch(desired, previous, frozenset(skipped)), previous,
-                        now, cfg.parallel_machines, recorded=recorded)
+                        now, cfg.parallel_machines, recorded=recorded, memo=self.parse_memo)
         world.rentals, world.provider_errors = rentals, provider_errors
         if rentals:
             from reconciler.rentals import checkpoints
@@ -278,7 +275,7 @@ class Reconciler:
                            rental_key=pool.rental_key, ssh_ready_timeout=cfg.ssh_ready_timeout,
                            checkpoint_copy_mbps=cfg.checkpoint_copy_mbps,
                            collect_limits=safetar.Limits(cfg.collect_max_bytes, cfg.collect_max_files),
-                           repo_id=cfg.repo_namespace if result.desired.storages else "")
+                           repo_id=cfg.repo_namespace if result.desired.storages else "", inflight=guards.journal(self))
         result.outcomes = apply(plan, ctx)
         _after_apply()
         return spec_commits
@@ -437,7 +434,7 @@ class Reconciler:
         settled = {n: self.settled[n] for n in skipped}
         for c in plan.changes:
             if (c.action != Action.NONE or c.phase not in TERMINAL or c.name in desired.invalid
-                    or any(r.alive or not r.collected for r in world.instances(c.name))
+                    or any(r.alive or not r.collected or guards.kept(r, self.cfg) for r in world.instances(c.name))
                     or c.name in (on_rentals or {})):
                 continue
             key = statuses.file_key(status_dir / f"{c.name}.yaml")

@@ -10,6 +10,7 @@ survives a reconciler restart or a move to another VM.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from typing import Callable
@@ -19,10 +20,13 @@ from reconciler.core.boundary import ProbeReply
 from reconciler.core.errors import ReconcilerError
 from reconciler.core.identity import parse
 from reconciler.core.observed import ObservedMachine, ObservedWorld
+from reconciler.core.parse_reuse import ParseMemo
 from reconciler.spec.load import DesiredState
 from reconciler.core.runstatus import TERMINAL, RunStatus, parse_iso
 
 log = logging.getLogger("reconciler")
+# A machine names the same identities pass after pass: their parse (pure, immutable) is kept.
+_identity = functools.lru_cache(maxsize=1 << 16)(parse)
 
 
 def names_to_watch(desired: DesiredState, previous: dict[str, RunStatus],
@@ -94,15 +98,20 @@ def expected_workspace(transport, identity: str) -> str | None:
 
 def observe(machines: list[str], transport_for: Callable[[str], object], names: list[str],
             previous: dict[str, RunStatus], now: float, parallel: int = 16,
-            recorded: Callable[[str], RunStatus | None] | None = None) -> ObservedWorld:
+            recorded: Callable[[str], RunStatus | None] | None = None,
+            memo: ParseMemo | None = None) -> ObservedWorld:
     """Every machine's report, validated (``core/boundary.py``) and bound to the machine: a report about
     an attempt whose status records another machine is dropped and noted on the reporting
-    machine. ``recorded``: the status of a run not in ``previous`` (a settled run's, read on demand)."""
+    machine. ``recorded``: the status of a run not in ``previous`` (a settled run's, read on demand).
+    ``memo``: the parses of earlier observations, reused for identical run entries (a long-lived
+    reconciler keeps one)."""
     world = ObservedWorld(at=now)
+    if memo is not None:
+        memo.rotate()
     looked_up: dict[str, RunStatus | None] = {}
 
     def handle_of(ident: str):
-        p = parse(ident)
+        p = _identity(ident)
         if p is None:
             return None
         st = previous.get(p.name)
@@ -122,8 +131,8 @@ def observe(machines: list[str], transport_for: Callable[[str], object], names: 
             # The decoded reply keeps its share of the decoding budget until it is checked (and
             # dropped): what parallel probes hold at once stays within ssh_decode_budget_bytes.
             with replies.REPLY_BUDGET.scope():
-                reply = boundary.parse_probe(
-                    t.agent({"op": "probe", "names": names, **({"gpu_processes": True} if avoid else {})}))
+                answer = t.agent({"op": "probe", "names": names, **({"gpu_processes": True} if avoid else {})})
+                reply = boundary.parse_probe(answer, memo, name)
             m.round_trips = getattr(t, "round_trips", 1)
         except Exception as e:  # noqa: BLE001 - a probe failure must never stop the pass
             # A reply that cannot be read at all is as good as no reply: the machine is unreachable

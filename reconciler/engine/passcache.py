@@ -24,24 +24,31 @@ import logging
 import os
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import reconciler
 from reconciler.core.diagnostics import Diagnostic
 from reconciler.spec.specfile import SpecCache, SpecFile
-from reconciler.status.ledger import Ledger, Row
+
+if TYPE_CHECKING:
+    from reconciler.status.ledger import Ledger
 
 log = logging.getLogger("reconciler")
 
 NAME = "pass-cache.json"
-FORMAT = 1
+FORMAT = 2
 MAX_BYTES = 256 << 20  # a 100,000-spec tree writes about 30 MB
 # The modules whose output the cache holds: a change to any of them (an edited checkout of the
 # reconciler, without a new version) makes the cache another code's.
 _CODE = ("spec/load.py", "spec/specfile.py", "spec/checks", "spec/models", "engine/passcache.py",
-         "engine/loop.py", "engine/uncommitted.py", "status/store.py", "planner/make.py")
+         "engine/loop.py", "engine/uncommitted.py", "engine/quickpass.py", "status/store.py", "status/ledger.py",
+         "planner/make.py", "gitops/repo.py")
 
-_ROW_FIELDS = [f.name for f in fields(Row)]
+
+def _row_fields() -> list[str]:
+    from reconciler.status.ledger import Row  # the ledger's module costs its import only where rows are restored
+
+    return [f.name for f in fields(Row)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +66,7 @@ class Restored:
     dirty_key: list | None
     dirty: set[str] | None
     ledger: tuple[dict, list | None] | None  # the ledger's rows and its README's key, if saved
+    clean: list | None = None  # the repository key the last commit step found status/ clean under
 
 
 def code_stamp() -> str:
@@ -90,13 +98,9 @@ def restore(state_dir: Path, root: Path, cache: SpecCache) -> Restored | None:
     except OSError:
         return None
     try:
-        if len(raw) > MAX_BYTES:
-            raise ValueError("too large")
-        head, _, body = raw.partition(b"\n")
-        header = json.loads(head)
-        if (not isinstance(header, dict) or header.get("format") != FORMAT or header.get("code") != code_stamp()
-                or header.get("sha256") != hashlib.sha256(body).hexdigest()):
-            raise ValueError("another code's cache, or a damaged one")
+        header, _, body = _split(raw)
+        if header.get("sha256") != hashlib.sha256(body).hexdigest():
+            raise ValueError("a damaged cache")
         data = json.loads(body)
         base = os.path.join(root, "")
         files = [_file(base, r) for r in data["files"]]
@@ -106,6 +110,9 @@ def restore(state_dir: Path, root: Path, cache: SpecCache) -> Restored | None:
         dirty_key = dirty["key"] if isinstance(dirty, dict) else None
         dirty_paths = {_text(p) for p in dirty["paths"]} if isinstance(dirty, dict) else None
         ledger = _ledger(data["ledger"]) if data.get("ledger") is not None else None
+        clean = data.get("clean")
+        if clean is not None and type(clean) is not list:
+            raise ValueError("bad status key")
     except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as e:
         log.debug("pass cache ignored (%s): it is rebuilt", str(e)[:200])
         return None
@@ -115,12 +122,134 @@ def restore(state_dir: Path, root: Path, cache: SpecCache) -> Restored | None:
     cache.changed.clear()
     cache.names_touched.clear()
     cache.context_touched = False
-    return Restored(settled, dirty_key, dirty_paths, ledger)
+    return Restored(settled, dirty_key, dirty_paths, ledger, clean)
+
+
+def save_changed(rec, desired=None) -> None:
+    """Save what the reconciler ``rec`` (engine/loop.py) knows after a pass, when it learnt
+    something a fresh process would redo: ``rec._saved`` is what was saved (or restored) last."""
+    now = (rec.cache.hits, rec.settled, rec.dirty.key, rec._status_clean, rec.ledger._key)
+    saved = rec._saved
+    if (saved is not None and not rec.cache.tree_changed and saved[0] == now[0] and saved[2:] == now[2:]
+            and len(saved[1]) == len(now[1]) and all(saved[1].get(n) is s for n, s in now[1].items())):
+        return  # a settled run's entry is kept as the same object while it stays settled
+    ledger = rec.ledger if rec.cfg.ledger else None
+    # What a fresh process needs to prove that its pass would plan nothing (quickpass.py).
+    quick = facts(desired, rec.cache, rec.settled, rec.dirty.key, rec.dirty.paths, ledger,
+                    rec._status_clean, rec.cfg.repo / "status") if desired is not None else None
+    if save(rec.cfg.state_dir, rec.cache, rec.settled, rec.dirty.key, rec.dirty.paths, ledger, quick,
+            rec._status_clean):
+        rec._saved = (now[0], dict(now[1]), *now[2:])
+
+
+def facts(desired, cache, settled: dict, dirty_key: list | None, dirty: set[str] | None, ledger,
+          status_clean: list | None, status_dir: Path) -> dict | None:
+    """The quick section (what ``quickpass.py`` checks), or None when this tree needs a full pass each time.
+    ``ledger``: the pass's Ledger (None without one); ``status_clean``: the repository key under
+    which the commit step last found nothing to commit under status/ (None: not known)."""
+    if (desired.fleets or desired.providers or desired.invalid_providers or desired.storages or desired.invalid
+            or desired.diagnostics or dirty_key is None or dirty is None):
+        return None
+    if any(getattr(t.placement, "slurm", None) is not None for t in desired.templates.values()):
+        return None  # a Slurm login host is one more machine to ask
+    runs = desired.runs
+    if any((s := settled.get(n)) is None or s.digest != e.digest or e.rel in dirty for n, e in runs.items()):
+        return None  # a run the plan looks at, or one whose uncommitted spec the plan holds
+    if any(s.digest is not None and n not in runs for n, s in settled.items()):
+        return None
+    files = cache.files()
+    if len(files) != len(desired.files) or not all(f.ok and f.stat is not None for f in files):
+        return None
+    if ledger is not None and not set(ledger.rows) <= set(settled):
+        return None  # a row without its status file: the README is written again
+    from reconciler.spec.specfile import RACY_NS
+
+    if any(max(f.stat[2], f.stat[3]) >= f.verified_ns - RACY_NS for f in files):
+        return None  # read within its racy window: the next pass reads it again (and saves)
+    clean = [status_clean, _ledger_files(status_dir)] if status_clean is not None else None
+    files.sort(key=walk_order)
+    return {"specs": stats_digest((f.rel, *f.stat) for f in files), "dirty_key": dirty_key,
+            "status": stats_digest((n, *settled[n].key) for n in sorted(settled)),
+            "ledger": ledger is not None, "readme": list(ledger._key) if ledger is not None and ledger._key else None,
+            "clean": clean}
+
+
+def stats_digest(entries) -> str:
+    """One hash of (name, stat numbers...) entries, in the order given (a quick pass meets them in
+    the same order: the loader's walk, sorted status names). A name holds no NUL and the numbers
+    are digits, so each NUL-ended field is read back one way."""
+    h = hashlib.sha256()
+    for name, *numbers in entries:
+        h.update(name.encode("utf-8", "surrogateescape") + _FIELDS[len(numbers)] % tuple(numbers))
+    return h.hexdigest()
+
+
+_FIELDS = {n: b"\0" + b"\0".join([b"%d"] * n) + b"\0" for n in (3, 4)}  # NUL before and after each number
+
+
+def walk_order(f: SpecFile) -> tuple:
+    """Where ``spec/tree.py``'s walk meets a file: the spec folders in their order, then in each
+    folder its files by name before its sub-folders by name."""
+    from reconciler.spec.tree import SPEC_DIRS
+
+    top, *parts = f.rel.split("/")
+    return (SPEC_DIRS.index(top) if top in SPEC_DIRS else len(SPEC_DIRS),
+            [(1, p) for p in parts[:-1]] + [(0, parts[-1] if parts else "")])
+
+
+def _ledger_files(status_dir: Path) -> dict[str, list[int]] | None:
+    """The files of status/ that ``git status`` would report and the settled keys do not cover:
+    the ledger's (README.md, *.svg) and hidden *.yaml, by name, with their stats."""
+    out: dict[str, list[int]] = {}
+    try:
+        with os.scandir(status_dir) as entries:
+            for e in entries:
+                n = e.name
+                if n == "README.md" or n.endswith(".svg") or (n.endswith(".yaml") and n.startswith(".")):
+                    s = e.stat(follow_symlinks=False)
+                    out[n] = [s.st_ino, s.st_size, s.st_mtime_ns]
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return None
+    return out
+
+
+def _split(raw: bytes) -> tuple[dict, bytes, bytes]:
+    """(header, quick section, body) of a cache file this code wrote; ValueError otherwise."""
+    if len(raw) > MAX_BYTES:
+        raise ValueError("too large")
+    head, _, rest = raw.partition(b"\n")
+    quick, _, body = rest.partition(b"\n")
+    header = json.loads(head)
+    if not isinstance(header, dict) or header.get("format") != FORMAT or header.get("code") != code_stamp():
+        raise ValueError("another code's cache, or a damaged one")
+    return header, quick, body
+
+
+def read_quick(state_dir: Path) -> dict | None:
+    """The quick section alone (``quickpass.py`` reads it), checked against its hash; None when
+    there is none this code can trust. Its values are checked by their reader."""
+    try:
+        with open(cache_path(state_dir), "rb") as fh:  # two lines: the body is never read (its size is memory)
+            head = fh.readline(1 << 16)
+            quick = fh.readline(MAX_BYTES + 1)
+        header, _, _ = _split(head)
+        quick = quick.rstrip(b"\n")
+        if header.get("quick") != hashlib.sha256(quick).hexdigest():
+            raise ValueError("a damaged cache")
+        doc = json.loads(quick)
+    except (OSError, ValueError, RecursionError) as e:
+        log.debug("pass cache not used for a quick pass (%s)", str(e)[:200])
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def save(state_dir: Path, cache: SpecCache, settled: dict[str, Settled], dirty_key: list | None,
-         dirty: set[str] | None, ledger: Ledger | None = None) -> bool:
-    """Write the cache (temporary file, then rename); False when it could not be written."""
+         dirty: set[str] | None, ledger: Ledger | None = None, quick: dict | None = None,
+         status_clean: list | None = None) -> bool:
+    """Write the cache (temporary file, then rename); False when it could not be written.
+    ``quick``: what a quick pass checks (see ``quickpass.py``), when this tree allows one."""
     body = json.dumps({
         "files": [_record(f) for f in cache.files() if f.ok and f.stat is not None],
         "cross": {"head": cache.cross_head,
@@ -129,16 +258,19 @@ def save(state_dir: Path, cache: SpecCache, settled: dict[str, Settled], dirty_k
         "settled": {n: [s.digest, list(s.key), s.phase, s.provider, s.cost] for n, s in settled.items()},
         "dirty": {"key": dirty_key, "paths": sorted(dirty)} if dirty is not None and dirty_key is not None else None,
         # A settled run's status is not read, so its ledger row comes from here in a new process.
-        "ledger": {"fields": _ROW_FIELDS, "key": list(ledger._key) if ledger._key else None,
+        "ledger": {"fields": _row_fields(), "key": list(ledger._key) if ledger._key else None,
                    "rows": [astuple(r) for r in ledger.rows.values()]} if ledger is not None else None,
+        "clean": status_clean,
     }, separators=(",", ":")).encode()
-    header = json.dumps({"format": FORMAT, "code": code_stamp(), "sha256": hashlib.sha256(body).hexdigest()})
+    quick_line = json.dumps(quick, separators=(",", ":")).encode()
+    header = json.dumps({"format": FORMAT, "code": code_stamp(), "sha256": hashlib.sha256(body).hexdigest(),
+                         "quick": hashlib.sha256(quick_line).hexdigest()})
     path = cache_path(state_dir)
     tmp = path.with_name(f".{NAME}.{os.getpid()}.tmp")
     try:
         state_dir.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as fh:
-            fh.write(header.encode() + b"\n" + body)
+            fh.write(header.encode() + b"\n" + quick_line + b"\n" + body)
         os.replace(tmp, path)
         return True
     except OSError as e:
@@ -182,7 +314,9 @@ def _cross(c: Any) -> dict:
 
 
 def _ledger(d: Any) -> tuple[dict, list | None]:
-    if d["fields"] != _ROW_FIELDS:
+    from reconciler.status.ledger import Row
+
+    if d["fields"] != _row_fields():
         raise ValueError("another ledger")
     types = [{"str": str, "int": int, "bool": bool}.get(str(f.type), object) for f in fields(Row)]
     rows = {}

@@ -21,10 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import git
-
 from reconciler.core import procenv
 from reconciler.core.errors import TemporaryError
+
+from . import checkout
+
+# Reading the checkout (checkout.py), offered here beside what is done with it.
+Checkout, open_repo, head, head_ref = checkout.Checkout, checkout.open_repo, checkout.head, checkout.head_ref
 
 STATUS_DIR = "status"
 
@@ -33,24 +36,6 @@ STATUS_DIR = "status"
 class Author:
     name: str
     email: str
-
-
-def open_repo(path: Path) -> git.Repo | None:
-    try:
-        return git.Repo(path, search_parent_directories=False)
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-        return None
-
-
-def head(repo: git.Repo | None) -> str | None:
-    if repo is None:
-        return None
-    try:
-        # Read from the refs themselves: repo.head.commit would start GitPython's cat-file
-        # process, which inherits this process's whole environment.
-        return git.SymbolicReference.dereference_recursive(repo, "HEAD")
-    except ValueError:  # no commits yet
-        return None
 
 
 def dirty_paths(root: Path) -> tuple[list[str], list[str]]:
@@ -71,12 +56,12 @@ def dirty_paths(root: Path) -> tuple[list[str], list[str]]:
     return sorted(statuses), sorted(ledger)
 
 
-def dirty_status_paths(repo: git.Repo) -> list[str]:
+def dirty_status_paths(repo) -> list[str]:
     """status/*.yaml paths that differ from HEAD (modified, new or deleted)."""
     return dirty_paths(Path(repo.working_tree_dir))[0]
 
 
-def dirty_ledger_paths(repo: git.Repo) -> list[str]:
+def dirty_ledger_paths(repo) -> list[str]:
     """The ledger's files (status/README.md, status/<run>.svg) that differ from HEAD."""
     return dirty_paths(Path(repo.working_tree_dir))[1]
 
@@ -87,7 +72,7 @@ class StatusCommit:
     paths: list[str]  # the status files it holds
 
 
-def commit_status(repo: git.Repo, message: str | Callable[[list[str]], str], author: Author) -> StatusCommit | None:
+def commit_status(repo, message: str | Callable[[list[str]], str], author: Author) -> StatusCommit | None:
     """Commit the status files that differ from HEAD; return the new commit, or None if nothing.
     ``message`` may be a function of the committed paths, so the message describes the commit.
 
@@ -108,7 +93,7 @@ def commit_status(repo: git.Repo, message: str | Callable[[list[str]], str], aut
     if callable(message):
         message = message(paths) if paths else "status: ledger"
     parent = head(repo)
-    ref = repo.head.ref.path if not repo.head.is_detached else "HEAD"
+    ref = head_ref(repo)
     new = import_commit(root, [*paths, *ledger], message, author, parent)
     if new is None:  # the files hold what HEAD holds (a change staged and undone, say)
         return None
@@ -272,7 +257,7 @@ def last_commits(path: Path, files: list[str]) -> dict[str, str]:
     return found
 
 
-def head_blobs(repo: git.Repo, paths: list[str]) -> dict[str, str | None]:
+def head_blobs(repo, paths: list[str]) -> dict[str, str | None]:
     """Files' texts at HEAD (None where HEAD has no such file, or no commit yet), read by one
     ``git cat-file --batch`` for all of them: a pass may ask for thousands."""
     if not paths:

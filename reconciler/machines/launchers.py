@@ -9,6 +9,7 @@ Both first look for the identity and adopt it if it is already there.
 from __future__ import annotations
 
 import json
+import posixpath
 import shlex
 import time
 
@@ -29,16 +30,48 @@ def _in_workspace(spec: LaunchSpec) -> str:
             + "mkdir -p runtime artifacts\n")
 
 
-def launch(t: Transport, spec: LaunchSpec) -> LaunchResult:
+# Exit codes of the guards run last before a job starts (_guard).
+LATE = 94  # the machine's clock is past the launch's deadline
+CLAIMED = 95  # the identity is claimed on this machine by a launch of another spec
+
+
+# machines/local_launch.py runs _launch_host's script, _guard included, in-process on this machine:
+# a change to either script is made there too.
+def _guard(spec: LaunchSpec, not_after: float | None) -> str:
+    """Shell lines run as the last step before the job starts. The identity is claimed on the
+    machine, once and for one spec: a file beside the workspace that holds the spec digest, made
+    whole and then hard-linked into place (link(2) fails with EEXIST rather than replace a file,
+    POSIX.1-2017, so of two launches the first wins; the same digest again passes). Then the
+    deadline: a launch issued by a reconciler that has died since may arrive late, and a
+    successor waits only until its deadline (engine/inflight.py), so a launch past it never
+    starts."""
+    out = ""
+    if spec.spec_digest:
+        claim = shlex.quote(posixpath.join(posixpath.dirname(spec.workspace.rstrip("/")), f".{spec.identity}.claim"))
+        want = shlex.quote(spec.spec_digest)
+        out += (f"c={claim}\n"
+                f"if [ ! -e \"$c\" ]; then printf '%s\\n' {want} > \"$c.$$\" && "
+                "{ ln \"$c.$$\" \"$c\" 2>/dev/null || [ -e \"$c\" ] || mv \"$c.$$\" \"$c\"; }; rm -f \"$c.$$\"; fi\n"
+                f"[ \"$(head -c 200 \"$c\" 2>/dev/null)\" = {want} ] || "
+                f"{{ echo \"claimed by a launch of another spec\" >&2; exit {CLAIMED}; }}\n")
+    if not_after is not None:
+        out += (f"now=$(date +%s); [ \"$now\" -le {int(not_after)} ] || "
+                f"{{ echo \"the machine's clock says $now\" >&2; exit {LATE}; }}\n")
+    return out
+
+
+def launch(t: Transport, spec: LaunchSpec, not_after: float | None = None) -> LaunchResult:
+    """Start ``spec`` (or adopt it). ``not_after``: the reconciler's time after which the machine
+    refuses to start it (None: no deadline)."""
     if spec.slurm is not None:  # its secrets wait on the login host, not in the shared workspace
-        return _launch_slurm(t, spec)
+        return _launch_slurm(t, spec, not_after)
     if spec.secrets:
         t.put_secret_file(spec.workspace, secrets_file(spec.secrets))
     if spec.storage_env:
         t.put_secret_file(spec.workspace, secrets_file(spec.storage_env), "storage.env")
     if spec.launch_mode == "docker":
-        return _launch_docker(t, spec)
-    return _launch_host(t, spec)
+        return _launch_docker(t, spec, not_after)
+    return _launch_host(t, spec, not_after)
 
 
 # Delivers a queued job's secrets, and its Storage's configuration and credentials, once its wrapper
@@ -89,7 +122,7 @@ def _hold_secrets(t: Transport, spec: LaunchSpec) -> str | None:
     return hold
 
 
-def _launch_slurm(t: Transport, spec: LaunchSpec) -> LaunchResult:
+def _launch_slurm(t: Transport, spec: LaunchSpec, not_after: float | None = None) -> LaunchResult:
     """Submit the wrapper to Slurm as a batch job named by the namespace and identity, from the
     login host, as the login's user.
 
@@ -116,6 +149,7 @@ def _launch_slurm(t: Transport, spec: LaunchSpec) -> LaunchResult:
         f"id=$(squeue -h -t all -u \"$(id -un)\" -n {shlex.quote(name)} -o %i 2>/dev/null | sort -n | tail -n 1)\n"
         "how=adopted\n"
         "if [ -z \"$id\" ] && [ ! -e runtime/started_at ]; then\n"
+        + _guard(spec, not_after)
         + ("  echo held > runtime/secrets.pending\n" if hold else "") +
         f"  out=$({submit} 2>&1) || {{ echo \"$out\" >&2; exit 3; }}\n"
         "  id=${out%%;*}; how=launched\n"
@@ -132,7 +166,7 @@ def _launch_slurm(t: Transport, spec: LaunchSpec) -> LaunchResult:
         if hold and (r is None or r.rc != 0 or r.out.split()[:1] != ["launched"]):
             # No deliverer was started for them (adopted, refused, failed): the held secrets go now.
             t.sh(f"rm -rf {shlex.quote(hold)}", timeout=30)
-    _refuse_wrong_spec(t, spec, r.rc)
+    _refuse_wrong_spec(t, spec, r.rc, r.err)
     if r.rc == 3:
         _sbatch_refused(t, spec, r.err.strip())
     if r.rc != 0:
@@ -154,19 +188,26 @@ def _sbatch_refused(t: Transport, spec: LaunchSpec, err: str) -> None:
     raise TemporaryError(f"sbatch on {t.machine.name} failed: {err[:300]}")
 
 
-def _launch_host(t: Transport, spec: LaunchSpec) -> LaunchResult:
+def _launch_host(t: Transport, spec: LaunchSpec, not_after: float | None = None) -> LaunchResult:
+    start = getattr(t, "start_host", None)  # this machine: the script below, in-process (local_launch.py)
+    if start is not None:
+        rc, err, done = start(spec, not_after)
+        _refuse_wrong_spec(t, spec, rc, err)
+        if rc != 0:
+            raise TemporaryError(f"launch on {t.machine.name} failed (exit {rc}): {err.strip()[:300]}")
+        return done
     ident = shlex.quote(spec.identity)
     script = (
         _in_workspace(spec) +
         "if [ -e runtime/launched_at ]; then echo adopted; cat runtime/pid 2>/dev/null; exit 0; fi\n"
-        + launch_env_lines(spec.env) +
+        + launch_env_lines(spec.env) + _guard(spec, not_after) +
         "date +%s > runtime/launched_at\n"
         f"setsid sh scripts/launch.sh {ident} </dev/null >/dev/null 2>&1 &\n"
         f"{PID_WAIT}\n"
         "echo launched; cat runtime/pid 2>/dev/null\n"
     )
     r = t.sh(script, timeout=30)
-    _refuse_wrong_spec(t, spec, r.rc)
+    _refuse_wrong_spec(t, spec, r.rc, r.err)
     if r.rc != 0:
         raise TemporaryError(f"launch on {t.machine.name} failed (exit {r.rc}): {r.err.strip()[:300]}")
     lines = r.out.split()
@@ -174,7 +215,7 @@ def _launch_host(t: Transport, spec: LaunchSpec) -> LaunchResult:
     return LaunchResult(spec.identity, spec.workspace, adopted=lines[:1] == ["adopted"], pid=pid)
 
 
-def _launch_docker(t: Transport, spec: LaunchSpec) -> LaunchResult:
+def _launch_docker(t: Transport, spec: LaunchSpec, not_after: float | None = None) -> LaunchResult:
     ident = shlex.quote(spec.identity)
     args = [
         "docker", "run", "-d", "--name", spec.identity,
@@ -192,7 +233,7 @@ def _launch_docker(t: Transport, spec: LaunchSpec) -> LaunchResult:
     script = (
         _in_workspace(spec) +
         "if [ -e runtime/container ]; then echo adopted; exit 0; fi\n"
-        + launch_env_lines(spec.env) +
+        + launch_env_lines(spec.env) + _guard(spec, not_after) +
         f"echo {ident} > runtime/container\n"
         "date +%s > runtime/launched_at\n"
         f"out=$({dp}{cmd} 2>&1); rc=$?\n"
@@ -203,7 +244,7 @@ def _launch_docker(t: Transport, spec: LaunchSpec) -> LaunchResult:
         'echo "$out" > runtime/launch.err; echo "$out" >&2; exit 3\n'
     )
     r = t.sh(script, timeout=120)
-    _refuse_wrong_spec(t, spec, r.rc)
+    _refuse_wrong_spec(t, spec, r.rc, r.err)
     if r.rc == 0:
         return LaunchResult(spec.identity, spec.workspace, adopted=r.out.strip() == "adopted", container=spec.identity)
     err = r.err.strip()
@@ -221,7 +262,13 @@ def _launch_docker(t: Transport, spec: LaunchSpec) -> LaunchResult:
     raise TemporaryError(f"docker run on {t.machine.name} failed: {err[:300]}")
 
 
-def _refuse_wrong_spec(t: Transport, spec: LaunchSpec, rc: int) -> None:
+def _refuse_wrong_spec(t: Transport, spec: LaunchSpec, rc: int, err: str = "") -> None:
+    if rc == LATE:  # retryable: the next pass observes the machine again and issues a fresh launch
+        raise TemporaryError(f"{t.machine.name} refused to start {spec.identity}: it arrived after its deadline "
+                             f"({err.strip()[:80]}; launch_ttl, docs/loop.md); the next pass launches it again")
+    if rc == CLAIMED:
+        raise TemporaryError(f"{spec.identity} on {t.machine.name} is claimed by a launch of another spec; "
+                             "not starting it (the next pass numbers past it)")
     if rc == WRONG_SPEC:
         # Never start or adopt an instance under a spec it was not built from. The next pass sees
         # the workspace's own digest and gives the desired spec a generation of its own.

@@ -3,7 +3,8 @@
 Workspaces live under a root on this machine (``~/.reconciler/workspaces`` unless configured),
 outside any checkout, so a reconciler started from a fresh clone in another folder still finds the
 runs an earlier one launched. The bundle is built straight into the workspace: staging and
-fetching are no-ops. The agent runs in-process, so observing costs no subprocess at all.
+fetching are no-ops. The agent runs in-process, so observing costs no subprocess at all, and so
+does a host process launch up to the wrapper itself (local_launch.py).
 """
 
 from __future__ import annotations
@@ -18,10 +19,16 @@ from reconciler.artifacts import safetar
 from reconciler.artifacts.bundle import built_digest
 from reconciler.core.errors import TemporaryError
 from reconciler.runtime import probe as agent_module
+from . import local_launch
 from .base import Completed, MachineInfo, only_runtime_and_artifacts
 from .base import without_checkpoints as skip_checkpoints
 
 class LocalTransport:
+    # Launches of one pass on this machine that may run at once (engine/parallel_launches.py): each
+    # builds its bundle and starts its wrapper in-process, in a workspace of its own; more than a
+    # few only queue for the same two cores of a small VM.
+    launch_width = 4
+
     def __init__(self, machine: MachineInfo):
         self.machine = machine
         self.root = os.path.abspath(os.path.expanduser(machine.workspace_root))
@@ -49,7 +56,12 @@ class LocalTransport:
             os.environ.setdefault("DOCKER_HOST", self.machine.docker_host)
         if args.get("op") == "probe":
             args = dict(args, root=self.root)
+            local_launch.reap()  # wrappers started here that ended: no zombie outlives a pass
         return agent_module.dispatch(args)
+
+    def start_host(self, spec, not_after: float | None = None):
+        """A host process launch without a shell (launchers._launch_host asks for it)."""
+        return local_launch.start_host(self, spec, not_after)
 
     def stage(self, bundle: Path, identity: str, spec_digest: str = "") -> str:
         ws = self.workspace(identity)

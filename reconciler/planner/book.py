@@ -14,7 +14,7 @@ from reconciler.core.observed import ObservedRental, ObservedWorld
 from reconciler.core.runstatus import TERMINAL, RunStatus
 from reconciler.spec.load import DesiredState
 from reconciler.spec.models.provider import Offer
-from reconciler.spec.resolve import Effective, effective
+from reconciler.spec.resolve import Effective, effective, effective_by_digest, effectives_of
 
 from .quota import Quotas
 
@@ -44,12 +44,16 @@ class PlanBook:
     slots: dict = field(default_factory=dict)  # owned machine → its Slot: room left, shrinking as runs are placed
     quotas: Quotas | None = None  # the teams' usage, growing as runs are placed (None: no Policy)
     _runs_on: dict | None = None  # machine → names of the runs live there or placed there by this plan
-    _effective: dict = field(default_factory=dict)  # id(run) → (run, its Effective)
     resources_memo: dict = field(default_factory=dict)  # resources overrides → validated Resources
+    _effective: dict = field(default_factory=dict)  # id(run) → (run, its Effective), without a content digest
+    _kept: dict = field(default_factory=dict)  # template name → its runs' Effectives kept across plans
     shapes: dict = field(default_factory=dict)  # id(Effective) → its placement Shape (placement.py)
     judged: dict = field(default_factory=dict)  # Shape → (room count, the verdicts) of a judged request without room
     ruled_out: dict = field(default_factory=dict)  # run → machines this plan ruled out for it (ruled_out.py)
     _placed: list = field(default_factory=list)  # (machine, run) placed before anything asked who runs where
+    # Whether the Policy lets a run preempt others at all: asked for every run that finds no room,
+    # and the Policy does not change within a plan (set in __post_init__).
+    preempts: bool = False
     _any_down: bool | None = None  # whether any machine of the world does not answer (asked once per plan)
 
     def any_down(self) -> bool:
@@ -60,14 +64,23 @@ class PlanBook:
         return self._any_down
 
     def effective(self, entry) -> Effective:
-        """The run's effective spec, resolved once per plan: every decision about one run (quota,
+        """The run's effective spec, resolved once per plan (and, by its spec digest, once for as
+        long as neither the spec nor its template changes): every decision about one run (quota,
         placement, its gang's nodes) reads the same object rather than revalidating the models."""
         run = entry.run
-        found = self._effective.get(id(run))
-        if found is None or found[0] is not run:
-            found = self._effective[id(run)] = (
-                run, effective(run, self.desired.templates[run.spec.template], self.resources_memo))
-        return found[1]
+        name = run.spec.template
+        template = self.desired.templates[name]
+        if not entry.digest.startswith("sha256:"):  # no content digest: kept for this plan only
+            found = self._effective.get(id(run))
+            if found is None or found[0] is not run:
+                found = self._effective[id(run)] = (run, effective(run, template, self.resources_memo))
+            return found[1]
+        kept = self._kept.get(name)
+        if kept is None:
+            kept = self._kept[name] = effectives_of(template)
+        found = kept.get(entry.digest)  # what effective_by_digest looks up first, without the call
+        return found if found is not None else effective_by_digest(run, entry.digest, template, kept,
+                                                                   self.resources_memo)
 
     def room_changed(self, slot, grew: bool = False) -> None:
         """``slot``'s room changed: every room index that holds it re-reads it (two targets can
@@ -110,6 +123,8 @@ class PlanBook:
         return out
 
     def __post_init__(self):
+        policy = self.desired.policy
+        self.preempts = policy is not None and bool(policy.spec.preemption.enabled)
         for name, st in self.previous.items():
             m = st.handle.machine if st.handle is not None else None
             if m in self.world.rentals and st.phase not in TERMINAL:

@@ -199,6 +199,7 @@ class RoomIndex:
         self.where: dict = {}  # (gpu type key, slot name) → its free count bucket
         self.version: dict[str, int] = {}
         self.by_name = {s.name: s for s in candidates}
+        self.counts: dict = {}  # gpu type key → its buckets' free counts, sorted (buckets are never removed)
 
     def _built(self, key: str | None) -> None:
         if key in self.members:
@@ -207,14 +208,15 @@ class RoomIndex:
         for s in self.candidates:
             self._add(key, s)
 
-    def _add(self, key, s: Slot) -> None:
-        if not s.available():
+    def _add(self, key, s: Slot, available: bool | None = None) -> None:
+        if not (s.available() if available is None else available):
             return
         f = s.free_count(key)
         members = self.members[key].get(f)
         if members is None:
             members = self.members[key][f] = set()
             self.heaps[key][f] = []
+            self.counts.pop(key, None)  # a new bucket: best() sorts them again
         members.add(s.name)
         heapq.heappush(self.heaps[key][f], (s.tasks, s.name, self.version.get(s.name, 0)))
         self.where[(key, s.name)] = f
@@ -223,8 +225,11 @@ class RoomIndex:
         key = gpu_type.lower() if gpu_type else None
         self._built(key)
         members, heaps, version, where = self.members[key], self.heaps[key], self.version, self.where
+        counts = self.counts.get(key)
+        if counts is None:
+            counts = self.counts[key] = sorted(members)
         found = None
-        for f in sorted(members):  # a bucket per free count: a handful
+        for f in counts:  # a bucket per free count: a handful
             if f < count or not members[f]:
                 continue
             heap = heaps[f]
@@ -244,7 +249,7 @@ class RoomIndex:
     def fitting(self, gpu_type: str | None, count: int) -> int:
         key = gpu_type.lower() if gpu_type else None
         self._built(key)
-        return sum(len(names) for f, names in self.members[key].items() if f >= count)
+        return sum([len(names) for f, names in self.members[key].items() if f >= count])
 
     def fitting_names(self, gpu_type: str | None, count: int) -> list[str]:
         key = gpu_type.lower() if gpu_type else None
@@ -252,12 +257,14 @@ class RoomIndex:
         return sorted(n for f, names in self.members[key].items() if f >= count for n in names)
 
     def changed(self, s: Slot) -> None:
-        self.version[s.name] = self.version.get(s.name, 0) + 1
-        for key in self.members:
-            old = self.where.pop((key, s.name), None)
+        name, where = s.name, self.where
+        self.version[name] = self.version.get(name, 0) + 1
+        available = s.available()  # the same for every GPU type: asked once
+        for key, buckets in self.members.items():
+            old = where.pop((key, name), None)
             if old is not None:
-                self.members[key][old].discard(s.name)
-            self._add(key, s)
+                buckets[old].discard(name)
+            self._add(key, s, available)
 
 
 def _candidates(slots: dict[str, Slot], placement: str, target: str | None, cache: dict | None = None) -> list[Slot]:

@@ -187,3 +187,37 @@ def launch_machines(name: str, eff, slots: dict, cache: dict | None, slurm: str 
 def _run_of(identity: str) -> str | None:
     p = parse(identity)
     return p.name if p is not None else None
+
+
+
+def hold_predecessor_launches(plan: Plan, world: ObservedWorld, previous: dict[str, RunStatus],
+                              inflight: dict[str, tuple[str, str, float]], blanket_until: float | None,
+                              now: float) -> None:
+    """A start of an identity that no status records and no machine shows waits while a launch
+    issued by an earlier reconciler may still land (engine/inflight.py): until the hold of the
+    run's launch that got no answer (``inflight``: run → (machine, identity, until), the launch's
+    deadline plus the clock margin), or, when the predecessor's launches cannot be known at all,
+    until ``blanket_until``. Starting sooner could number past nothing there and give the landing
+    launch's identity to another spec's content. A start of the identity the status records
+    (adoption, a staged bundle) never waits for this, nor does a launch git knows of."""
+    for c in plan.changes:
+        if c.phase is None or c.action not in STARTS or c.identity is None:
+            continue
+        prev = previous.get(c.name)
+        recorded = prev.handle.identity if prev is not None and prev.handle is not None else None
+        if c.identity == recorded or world.find(c.identity) is not None:
+            continue
+        machine, identity, until = inflight.get(c.name, ("", "", 0.0))
+        ident = c.identity
+        if until > now and identity != recorded:
+            _wait_unseen(c, c.name, prev, machine, "", until, now)
+            c.reason = (f"a launch of {identity} on {machine} got no answer and may still land until "
+                        f"{iso(until)}; {ident} starts after that")
+        elif blanket_until is not None and now < blanket_until:
+            _wait_unseen(c, c.name, prev, "", "", blanket_until, now)
+            c.reason = (f"an earlier reconciler may have left a launch of {c.name} in flight (this checkout "
+                        f"has no launch journal); {ident} starts at {iso(blanket_until)}, once any such "
+                        "launch has landed or been refused")
+        else:
+            continue
+        c.code = "LaunchInFlight"

@@ -26,6 +26,9 @@ from .stop import _on_unreachable
 
 def _running(name: str, entry: RunEntry, prev: RunStatus | None, world: ObservedWorld, desired: DesiredState,
              settings: PlanSettings, now: float, missing: list[str], book: PlanBook) -> list[Change]:
+    steady = _steady_running(name, entry, prev, world, desired, now)
+    if steady is not None:
+        return steady
     ended = [g for g in world.instances(name) if g.nodes and g.state != "running" and any(n.alive for n in g.nodes)]
     for g in ended:
         # Stopped by this pass's change: their room is the relaunch's.
@@ -45,6 +48,31 @@ def _running(name: str, entry: RunEntry, prev: RunStatus | None, world: Observed
                          if r.identity != c.identity and not r.alive and r.machine != LOCAL
                          and r.state != "unknown"]
     return changes
+
+
+def _steady_running(name: str, entry: RunEntry, prev: RunStatus | None, world: ObservedWorld,
+                    desired: DesiredState, now: float) -> list[Change] | None:
+    """The decision for the bulk of a large fleet, without the general walk: the attempt the status
+    records as Running is the run's only instance, runs (not queued, on one machine) and was built
+    from the desired spec. The general path reaches ``_found_running`` with exactly these values
+    then (generation and attempt as recorded, nothing stale, nothing ended to free, nothing to
+    hold or clean up), so the plan is the same; None for every other case. ``now`` still reaches
+    the stall check: a stall is judged every pass, as before."""
+    if prev is None or prev.phase != "Running" or prev.handle is None or prev.generation <= 0 or not prev.attempt:
+        return None
+    digest = entry.digest
+    if prev.spec.digest != digest:
+        return None
+    instances = world.instances(name)
+    if len(instances) != 1:
+        return None
+    obs = instances[0]
+    ident = obs.identity
+    if (obs.state != "running" or obs.nodes or obs.queued is not None or obs.spec_digest != digest
+            or prev.handle.identity != ident or ident != make(name, prev.generation, prev.attempt)):
+        return None
+    base = dict(generation=prev.generation, attempt=prev.attempt, spec_digest=digest, spec_path=entry.rel)
+    return _found_running(name, entry, prev, desired, obs, ident, [], base, ident, now)
 
 
 def _hold_unseen(changes, name, entry, prev, world, desired, settings, now, book) -> None:
@@ -137,6 +165,16 @@ def generation_for(entry: RunEntry, prev: RunStatus | None, instances: list[Obse
     return gen
 
 
+def new_run(name: str, entry: RunEntry, desired: DesiredState, book: PlanBook, missing: list[str]) -> list[Change]:
+    """A new run with nothing of it anywhere (no status, no instance; the bulk of a queue): nothing
+    to adopt, fence or wait for, so it is the launch the cases of ``_running_changes`` would
+    reach, without walking them (generation_for gives 1). ``_running`` adds nothing to it while
+    every machine answers (no instance ended, no unseen launch to hold, no collect to clean up
+    after), so make.py calls it directly then."""
+    return _launch(name, entry, None, desired, book, missing, [], dict(
+        generation=1, attempt=1, spec_digest=entry.digest, spec_path=entry.rel), 1, 1, "NewRun", "new run")
+
+
 def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: ObservedWorld,
                      desired: DesiredState, settings: PlanSettings, now: float, missing: list[str],
                      book: PlanBook) -> list[Change]:
@@ -145,12 +183,9 @@ def _running_changes(name: str, entry: RunEntry, prev: RunStatus | None, world: 
     run = entry.run
     policy = run.spec.restartPolicy
     instances = world.instances(name)
-    gen = generation_for(entry, prev, instances)
     if prev is None and not instances:
-        # A new run with nothing of it anywhere (the bulk of a queue): nothing to adopt, fence or
-        # wait for, so it is the launch the cases below would reach, without walking them.
-        return _launch(name, entry, prev, desired, book, missing, [], dict(
-            generation=gen, attempt=1, spec_digest=entry.digest, spec_path=entry.rel), gen, 1, "NewRun", "new run")
+        return new_run(name, entry, desired, book, missing)
+    gen = generation_for(entry, prev, instances)
     same_spec = prev is not None and prev.generation == gen and prev.spec.digest == entry.digest
     attempt = prev.attempt if (same_spec and prev.attempt) else 1
     for r in instances:  # an attempt launched by a pass whose status never reached git
@@ -267,6 +302,12 @@ def _found_ended(name, entry, prev, desired, obs, ident, stale, base, handle_ide
     """The current attempt has ended: collected when it succeeded, run again after a preemption,
     else a failure (retried or final)."""
     run = entry.run
+    if (obs.collected and prev is not None and prev.phase in TERMINAL and handle_ident == ident
+            and prev.spec.digest == entry.digest and obs.state != "running"):
+        # Its end is recorded and collected; the workspace waits for a pass that reads that end
+        # from git to be removed (engine/endclean.py): nothing to decide again.
+        return [Change(name, Action.NONE, "Done", f"{prev.phase.lower()}; nothing to do", prev.phase,
+                       exit_code=prev.exit_code, identity=ident, **base)]
     if obs.state == "succeeded":
         if obs.collected and prev is not None and prev.phase == "Succeeded" and handle_ident == ident:
             return [Change(name, Action.NONE, "Done", "succeeded", "Succeeded", identity=ident, exit_code=0, **base)]

@@ -47,7 +47,7 @@ from .capacity import _slots
 from .fence import fence_other_attempts, hold_for_unreachable
 from .gangs import expand_gangs
 from .housekeeping import _accounted, _fences, _leftovers, _saves
-from .lifecycle import _running
+from .lifecycle import _running, new_run
 from .quota import Quotas, placement_order
 from .rentals import sweep
 from .stop import _invalid, _preempted, _stop
@@ -104,6 +104,9 @@ def _make_plan(desired, world, previous, now, settings, settled, missing_secrets
     # Runs already holding a slot keep it; launches are placed by priority (then first come, first
     # served, with a Policy; then by name), and the plan lists every run in name order.
     changes, runs, preempted = plan.changes, desired.runs, book.preempted  # read for every run
+    # A new run (no status, nothing observed) while every machine answers is lifecycle.new_run:
+    # its launch, called without the general walk (the bulk of a queue).
+    all_answer, instances = not book.any_down(), world.instances
     for name in placement_order(desired, names, previous, book.quotas):
         prev = previous.get(name)
         if name in invalid:
@@ -115,6 +118,9 @@ def _make_plan(desired, world, previous, now, settings, settled, missing_secrets
             continue
         if name in preempted:
             changes.append(_preempted(name, entry, prev, preempted[name]))
+            continue
+        if prev is None and all_answer and not instances(name):
+            changes.extend(new_run(name, entry, desired, book, missing_secrets.get(name, ())))
             continue
         changes.extend(_running(name, entry, prev, world, desired, settings, now,
                                 missing_secrets.get(name, ()), book))

@@ -82,10 +82,10 @@ def _place(name, entry, desired, slots, ident, code, why, stale, base, resume_fr
         if slot is not None:
             return [_chosen(name, eff, res, slot, shape.index, candidates, ident, action, code, why, stale, base,
                             resume_from, book)]
-        known = book.no_room[shape.memo_key] = _no_room(candidates, res)
+        known = book.no_room[shape.memo_key] = _no_room(candidates, res, none_fit=True)
     rejected, reason = known
     if not fallback:
-        pre = _preempt(name, entry, desired, candidates, res, ident, stale, base, book)
+        pre = _preempt(name, entry, desired, candidates, res, ident, stale, base, book) if book.preempts else None
         if pre is not None:
             pre.considered = rejected + pre.considered
             return [pre]
@@ -98,9 +98,17 @@ def _place(name, entry, desired, slots, ident, code, why, stale, base, resume_fr
     return out
 
 
-def _no_room(candidates: list[Slot], res) -> tuple[list[str], str]:
+def _no_room(candidates: list[Slot], res, none_fit: bool = False) -> tuple[list[str], str]:
     """Why a plain request fits nowhere: the first machines' verdicts and how many more there
-    are, and the wait's reason built from them."""
+    are, and the wait's reason built from them. ``none_fit``: the room index found no candidate
+    with room, so every one is without (only the first SHOWN are judged, for their verdicts)."""
+    if none_fit:
+        head = [(other.name, other.why_not(res.gpu_count, res.gpu_type)) for other in candidates[:SHOWN]]
+        if all(why is not None for _, why in head):
+            rejected = [f"{n}: {why}" for n, why in head]
+            if len(candidates) > SHOWN:
+                rejected.append(f"… and {len(candidates) - SHOWN} more machine(s) without room")
+            return rejected, "no capacity: " + "; ".join(rejected)
     rejected, shown = [], 0
     for other in candidates:
         if not other.fits(res.gpu_count, res.gpu_type):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Iterator
 
 from reconciler.core.identity import parse
@@ -38,7 +39,7 @@ def placement_order(desired: DesiredState, names: list[str], previous: dict[str,
     the team furthest below its share goes next (GPUs held / maxGpus, or / 1 for a team without
     one; fewest first, re-read after each placement), and a team's runs go first come first
     served (the time a run's status first recorded it); then by name. Without a Policy: by
-    name. Deterministic: a generator that reads ``quotas`` as placements update it."""
+    name. Deterministic: an iterator that reads ``quotas`` as placements update it."""
     def since(name: str) -> str:
         prev = previous.get(name)
         return prev.history[0].time if prev is not None and prev.history else "~"
@@ -46,22 +47,29 @@ def placement_order(desired: DesiredState, names: list[str], previous: dict[str,
     groups: dict[int, list[str]] = {}
     values: dict = {}  # priority class asked for → its value: a few classes, thousands of runs
     label = desired.policy.spec.teamLabel if desired.policy is not None and quotas is not None else None
+    teams = quotas._teams if label is not None else {}  # as quotas.known(name, team) would set, without the call
+    runs = desired.runs
     for name in names:
-        entry = desired.runs.get(name)
-        run = entry.run if entry is not None else None
+        entry = runs.get(name)
+        if entry is None:
+            run = wanted = None
+        else:
+            run = entry.run
+            wanted = run.spec.priority
         if label is not None:  # the team read with the rest of the run: one visit of each spec, not two
-            quotas.known(name, run.metadata.labels.get(label) if run is not None else None)
-        wanted = run.spec.priority if run is not None else None
+            teams[name] = run.metadata.labels.get(label) if run is not None else None
         value = values.get(wanted)
         if value is None:
             value = values[wanted] = priority_of(desired, entry)[0]
-        groups.setdefault(value, []).append(name)
-    for value in sorted(groups, reverse=True):
-        group = groups[value]
-        if desired.policy is None or quotas is None:
-            yield from sorted(group)
-            continue
-        yield from _fair(group, quotas, since)
+        group = groups.get(value)
+        if group is None:
+            group = groups[value] = []
+        group.append(name)
+    # Chained rather than yielded from: each run passes through one generator, not two. A group's
+    # fair order starts only when the chain reaches it, after the groups before have been placed.
+    fair = desired.policy is not None and quotas is not None
+    return chain.from_iterable(_fair(groups[value], quotas, since) if fair else sorted(groups[value])
+                               for value in sorted(groups, reverse=True))
 
 
 def _fair(group: list[str], quotas: "Quotas", since) -> Iterator[str]:
@@ -74,8 +82,13 @@ def _fair(group: list[str], quotas: "Quotas", since) -> Iterator[str]:
     first = {name: since(name) for name in group}  # read at every re-keying: looked up once
     order = sorted(group)
     order.sort(key=first.__getitem__)  # stable: by first record, then by name
+    team_of = quotas.team
     for name in order:
-        queues.setdefault(quotas.team(name) or "", deque()).append(name)
+        team = team_of(name) or ""
+        queue = queues.get(team)
+        if queue is None:
+            queue = queues[team] = deque()
+        queue.append(name)
     keys: dict[str, tuple] = {}
     heap: list[tuple] = []
     weight = {team: quotas.weight(team) for team in queues}  # the Policy is fixed: its shares too
@@ -89,27 +102,29 @@ def _fair(group: list[str], quotas: "Quotas", since) -> Iterator[str]:
         rekey(team)
     quotas.changed.clear()
     held = None  # the last team's new key, not pushed: a waiting queue keeps one team first for long
+    changed, push, pop = quotas.changed, heapq.heappush, heapq.heappop
     while queues:  # every team still queued has its current key in the heap (or held), once changes are keyed
-        if quotas.changed:
-            for team in quotas.changed:
+        if changed:
+            for team in changed:
                 if team in queues:
                     rekey(team)
-            quotas.changed.clear()
+            changed.clear()
         if held is not None and keys.get(held[2]) is held and (not heap or held <= heap[0]):
             key = held  # what pushing it and popping the least would give
         else:
             if held is not None:
-                heapq.heappush(heap, held)
-            key = heapq.heappop(heap)
+                push(heap, held)
+            key = pop(heap)
         held = None
         team = key[2]
         if keys.get(team) != key:
             continue  # keyed again since, or done
-        yield queues[team].popleft()
-        if not queues[team]:
+        queue = queues[team]
+        yield queue.popleft()
+        if not queue:
             del queues[team], keys[team]
-        elif team not in quotas.changed:  # else keyed again at the top, with its new usage
-            held = keys[team] = (usage.get(team, none)[0] / weight[team], first[queues[team][0]], team)
+        elif team not in changed:  # else keyed again at the top, with its new usage
+            held = keys[team] = (usage.get(team, none)[0] / weight[team], first[queue[0]], team)
 
 
 _UNKNOWN = object()  # a run whose team is not looked up yet (None: it has none)
@@ -204,8 +219,10 @@ class Quotas:
         u[1] += price
 
     def exceeded(self, name: str, gpus: float, price: float = 0.0) -> str | None:
-        team = self.team(name)
-        lim = self.limits(team)
+        team = self._teams.get(name, _UNKNOWN)  # asked for every launch: the memo read without a call
+        if team is _UNKNOWN:
+            team = self.team(name)
+        lim = self._limits.get(team) if self._limits else self.limits(team)  # filled by the first look-up
         if lim is None:
             return None
         used = self.usage.get(team, [0.0, 0.0])

@@ -177,6 +177,13 @@ def finish(ws, remove=False):
         import shutil
 
         shutil.rmtree(ws, ignore_errors=True)
+        # The identity's claim (machines/launchers.py) goes with its workspace: a claim that
+        # outlived it would refuse every later launch of the identity for another spec.
+        head, name = os.path.split(ws.rstrip("/"))
+        try:
+            os.unlink(os.path.join(head, "." + name + ".claim"))
+        except OSError:
+            pass
         return {"removed": True}
     if os.path.isdir(ws):  # a workspace staged but never started has no runtime/ yet
         os.makedirs(rt, exist_ok=True)

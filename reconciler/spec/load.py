@@ -31,12 +31,12 @@ from .models.provider import Provider
 from .models.run import Run
 from .models.storage import Storage
 from .models.template import ExecutionTemplate
-from .specfile import RunEntry, SpecCache, SpecChanged, SpecFile
+from .specfile import RACY_NS, RunEntry, SpecCache, SpecChanged, SpecFile
+from .tree import SPEC_DIRS, discover, walk, yaml_files
 
 __all__ = ["DesiredState", "Locator", "RunEntry", "SpecCache", "SpecChanged", "SpecFile", "discover",
            "is_spec_repo", "load_file", "load_tree", "run_digest", "yaml_files"]
 
-SPEC_DIRS = ("specs", "execution_templates")
 
 
 class Locator:
@@ -161,12 +161,15 @@ def _types_in(annotation: Any) -> list[Any]:
 
 
 def load_file(path: Path | str, root: Path | None, locator: Locator, cache: SpecCache | None = None,
-              expect_kind: str | None = None, rel: str | None = None) -> SpecFile:
+              expect_kind: str | None = None, rel: str | None = None,
+              stat: tuple[int, int, int, int] | None = None) -> SpecFile:
+    """``stat``: the file's, taken by the caller just before (``walk``)."""
     rel = rel or relpath(Path(path), root)
     try:
         # Stat before reading: a change after it shows as a new stat next time, never the reverse.
-        st = os.stat(path)
-        stat = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if stat is None:
+            st = os.stat(path)
+            stat = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         if cache is not None:
             hit = cache.by_stat(rel, stat)
             if hit is not None:
@@ -189,6 +192,7 @@ def load_file(path: Path | str, root: Path | None, locator: Locator, cache: Spec
     _parse_into(f, raw, locator, expect_kind)
     _facts(f)
     if cache is not None:
+        cache.parsed += 1
         cache.put(f)
     return f
 
@@ -275,38 +279,6 @@ def is_spec_repo(root: Path) -> bool:
     return any((root / top).is_dir() for top in SPEC_DIRS)
 
 
-def yaml_files(base: Path) -> list[Path]:
-    """The *.yaml and *.yml files under a folder, hidden ones left out, in a stable order."""
-    out: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(base):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        # PurePath parsing costs more than reading a small file: join strings, make the Path once.
-        out.extend(Path(os.path.join(dirpath, name)) for name in sorted(filenames)
-                   if name.endswith((".yaml", ".yml")) and not name.startswith("."))
-    return out
-
-
-def discover(root: Path, ignores: list | None = None) -> list[tuple[str, str | None]]:
-    """All spec files under specs/ and execution_templates/ (paths as strings), in a stable order.
-    Strings, not Paths: making a Path costs more than reading a small file, and a pass looks at
-    every file; load_file makes one only for a file it parses. ``ignores`` gets the path and stat
-    of each .gitignore on the way (what git says of an untracked spec file depends on them)."""
-    out = []
-    for top, expect in zip(SPEC_DIRS, (None, "ExecutionTemplate")):
-        for dirpath, dirnames, filenames in os.walk(os.path.join(root, top)):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            if ignores is not None and ".gitignore" in filenames:
-                try:
-                    st = os.stat(os.path.join(dirpath, ".gitignore"))
-                    ignores.append([dirpath, [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]])
-                except OSError:
-                    ignores.append([dirpath, None])
-            base = os.path.join(dirpath, "")
-            out.extend((base + name, expect) for name in sorted(filenames)
-                       if name.endswith((".yaml", ".yml")) and not name.startswith("."))
-    return out
-
-
 @dataclass
 class DesiredState:
     """Everything the repository asks for, after validation."""
@@ -363,12 +335,15 @@ def load_tree(root: Path, cache: SpecCache | None = None, only: set[Path] | None
     locator = Locator()
     prefix = len(str(root)) + 1
     ignores: list | None = None
+    unchanged = False  # every file of the tree vouched for by its stat, and no other in the cache
     if cache is not None:
-        cache.tree_changed, cache.opened, ignores = False, 0, []
-    files = [load_file(p, root, locator, cache, expect, p[prefix:]) for p, expect in discover(root, ignores)]
-    if cache is not None:
+        cache.tree_changed, cache.opened, cache.parsed, ignores = False, 0, 0, []
+        files, hits = _load_cached(root, locator, cache, ignores)
         cache.ignores = ignores
-    if cache is not None and only is None:
+        unchanged = hits == len(files) == len(cache)
+    else:
+        files = [load_file(p, root, locator, None, expect, p[prefix:]) for p, expect in discover(root)]
+    if cache is not None and only is None and not unchanged:
         cache.retain({f.rel for f in files})
     if only is not None:  # an empty set means "report on no file", not "on every file"
         known = {f.path.resolve() for f in files}
@@ -380,7 +355,7 @@ def load_tree(root: Path, cache: SpecCache | None = None, only: set[Path] | None
     if cache is not None and only is None:
         cross = _cross_cached(root, files, locator, cache, tree_version)
         for f in files:
-            if f.kind == "Run":
+            if f._data is not None and f.kind == "Run":
                 f.release(data_only=True)  # the checks are done: a run's mapping is parsed again if needed
     else:
         cross = cross_checks(root, files, locator, given=wanted)
@@ -404,6 +379,24 @@ def load_tree(root: Path, cache: SpecCache | None = None, only: set[Path] | None
         desired.diagnostics = [d for d in desired.diagnostics if d.path in wanted]
     desired.diagnostics.sort()
     return desired
+
+
+def _load_cached(root: Path, locator: Locator, cache: SpecCache, ignores: list) -> tuple[list[SpecFile], int]:
+    """Every file of the tree, each taken from ``cache`` when its stat vouches for it (the
+    check of ``SpecCache.by_stat``, here without a call per file) and loaded otherwise; and how
+    many were taken so."""
+    prefix = len(str(root)) + 1
+    items, hits, files = cache._items, 0, []
+    for p, expect, stat in walk(root, ignores):
+        rel = p[prefix:]
+        f = items.get(rel)
+        if f is not None and stat is not None and f.stat == stat and max(stat[2], stat[3]) < f.verified_ns - RACY_NS:
+            hits += 1
+        else:
+            f = load_file(p, root, locator, cache, expect, rel, stat)
+        files.append(f)
+    cache.stat_hits += hits
+    return files, hits
 
 
 def _desire(desired: DesiredState, f: SpecFile) -> None:

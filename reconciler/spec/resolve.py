@@ -45,6 +45,47 @@ def effective(run: Run, template: ExecutionTemplate, memo: dict | None = None) -
     return found[1]
 
 
+# Effectives by template content, then by the run's spec digest, kept from one plan to the next:
+# a queue of thousands of unchanged runs is resolved once, not on every pass. Bounded: a map
+# that is full is emptied, which costs one resolution per run on the next pass.
+_BY_DIGEST: dict[str, dict[str, Effective]] = {}
+BY_DIGEST_MAX = 50_000  # runs of one template content
+TEMPLATES_MAX = 16  # template contents (each edit of a template is one more: the old ones go at the bound)
+
+
+def template_key(template: ExecutionTemplate) -> str:
+    """The template's content, as the key its runs' Effectives are kept under across plans."""
+    return template.model_dump_json()
+
+
+def effectives_of(template: ExecutionTemplate) -> dict[str, Effective]:
+    """The kept Effectives of the runs of ``template`` (its content: an edited template starts
+    afresh), by spec digest: what ``effective_by_digest`` reads and fills."""
+    key = template_key(template)
+    found = _BY_DIGEST.get(key)
+    if found is None:
+        if len(_BY_DIGEST) >= TEMPLATES_MAX:
+            _BY_DIGEST.clear()
+        found = _BY_DIGEST[key] = {}
+    return found
+
+
+def effective_by_digest(run: Run, digest: str, template: ExecutionTemplate, kept: dict[str, Effective],
+                        memo: dict | None = None) -> Effective:
+    """``effective(run, template, memo)``, looked up in ``kept`` (``effectives_of(template)``)
+    by ``digest``, the run's spec content digest (load.run_digest, which covers every override:
+    equal digests, equal Effectives). Only a sha256 content digest is looked up."""
+    if not digest.startswith("sha256:"):
+        return effective(run, template, memo)
+    found = kept.get(digest)
+    if found is None:
+        found = effective(run, template, memo)
+        if len(kept) >= BY_DIGEST_MAX:
+            kept.clear()
+        kept[digest] = found
+    return found
+
+
 _KEYED = {"target", "resources", "runtime_env", "image", "detach", "selector"}  # what _key reads of Overrides
 
 

@@ -205,6 +205,7 @@ class SpecCache:
         self.hits = 0
         self.stat_hits = 0
         self.opened = 0  # files the last load read (the others' stat vouched for them)
+        self.parsed = 0  # files the last load parsed (their content was new to the cache)
         # The cross-file checks of the last tree: by file, and the commit they looked at the
         # repository under (inputs are repository files: a new commit may have changed them).
         self.cross: dict | None = None

@@ -18,9 +18,14 @@ from pydantic import BaseModel
 from ruamel.yaml import YAML
 
 from reconciler.core.runstatus import RunStatus
+from .dirwatch import DirWatch
 from reconciler.spec.models.common import DNS_LABEL, DNS_LABEL_MAX
 from reconciler.core.yamlemit import Flow, pyyaml_dump
 from reconciler.core.yamlemit import dump as emit_yaml
+
+# Status files from which a folder is watched rather than its files stat-ed every pass: below this
+# the stats cost less than a millisecond.
+WATCH_FROM = 1000
 
 _ORDER = ["apiVersion", "kind", "name", "phase", "generation", "attempt", "message", "exit_code", "preemptions", "ruled_out",
           "retry_at", "spec", "handle", "cost", "placement", "conditions", "progress", "loss_curve", "artifacts", "outputs", "provenance", "history",
@@ -156,9 +161,36 @@ class StatusCache:
         # asks git about status/ only then, or after a write).
         self.changed = True
         self._listed = -1
+        self.parsed = 0  # files the last load_all parsed (a large number: see engine/rehome.py)
+        # A watch of the folder (dirwatch.py) and the files of the last full scan it vouches for.
+        self.watch: DirWatch | None = None
+        self._listing: list | None = None
+        self._watched = False
 
     def forget(self, name: str) -> None:
         self._items.pop(f"{name}.yaml", None)
+
+    def listing(self, folder: Path) -> list | None:
+        """The last full scan's files when the folder watch saw nothing since; else None, and a
+        full scan follows (the watch, drained, is in place before it when ``_watched``)."""
+        self._watched = False
+        if self.watch is None or self.watch.path != os.fspath(folder):
+            return None
+        quiet = self.watch.unchanged()
+        if quiet and self._listing is not None:
+            return self._listing
+        self._listing = None
+        self._watched = self.watch.armed
+        return None
+
+    def scanned(self, folder: Path, files: list, trusted: bool) -> None:
+        """A full scan's files: kept for ``listing`` when ``trusted``; a large folder gets a watch."""
+        self._listing = files if trusted else None
+        if len(files) >= WATCH_FROM and (self.watch is None or self.watch.path != os.fspath(folder)):
+            if self.watch is not None:
+                self.watch.close()
+            self.watch = DirWatch(folder)
+            self.watch.unchanged()  # in place from now: the next scan can be trusted
 
     def remember(self, status_dir: Path, st: RunStatus) -> None:
         """The status this process just wrote: the next pass need not parse the file again."""
@@ -208,46 +240,80 @@ def load_all(status_dir: Path, cache: StatusCache | None = None,
     """Every readable status file; a file that cannot be read counts as absent (and is rewritten).
 
     ``skip`` maps run names to the file key they had when the caller last saw them settled; such a
-    file, if unchanged, is neither parsed nor returned nor kept in the cache.
+    file, if unchanged, is neither parsed nor returned nor kept in the cache. With a ``cache``
+    whose folder watch saw nothing since the last scan (``dirwatch.py``), the files are not even
+    stat-ed: their keys are the last scan's.
     """
     out: dict[str, RunStatus] = {}
-    if not status_dir.is_dir():
-        if cache is not None:
-            cache.changed, cache._listed = cache._listed != 0, 0
+    if cache is None and not skip:
+        for name, path in _names(status_dir):
+            st = _parse_status(Path(path), None)
+            if st is not None:
+                out[st.name] = st
         return out
+    files = cache.listing(status_dir) if cache is not None else None
+    if files is None:
+        files = _scan(status_dir, cache)
     y = None  # ruamel's reader, made only for a file libyaml refuses
     seen: dict[str, tuple[tuple[int, int, int], RunStatus | None]] = {}
-    with os.scandir(status_dir) as entries:
-        files = sorted((e.name, e) for e in entries if e.name.endswith(".yaml") and not e.name.startswith("."))
+    items = cache._items if cache is not None else {}
     parsed = 0
-    for name, entry in files:
-        if cache is None and not skip:
-            st = _parse_status(Path(entry.path), y)
+    for name, key, path in files:
+        if skip and skip.get(name[:-5]) == key:
+            if skipped is not None:
+                skipped.add(name[:-5])
+            continue
+        hit = items.get(name)
+        if hit is not None and hit[0] == key:
+            st = hit[1]
         else:
-            try:
-                s = entry.stat()
-            except OSError:
-                continue
-            key = (s.st_ino, s.st_size, s.st_mtime_ns)
-            if skip and skip.get(name[:-5]) == key:
-                if skipped is not None:
-                    skipped.add(name[:-5])
-                continue
-            hit = cache._items.get(name) if cache is not None else None
-            if hit is not None and hit[0] == key:
-                st = hit[1]
-            else:
-                if cache is not None:
-                    cache._items.pop(name, None)  # let the stale copy go before parsing the new one
-                st = _parse_status(Path(entry.path), y)
-                parsed += 1
-            seen[name] = (key, st)
+            items.pop(name, None)  # let the stale copy go before parsing the new one
+            st = _parse_status(Path(path), y)
+            parsed += 1
+        seen[name] = (key, st)
         if st is not None:
             out[st.name] = st
     if cache is not None:
         cache._items = seen
         # A file gone shows in the count (one that came, or changed, was parsed).
         cache.changed, cache._listed = bool(parsed) or len(files) != cache._listed, len(files)
+        cache.parsed = parsed
+    return out
+
+
+def _names(status_dir: Path) -> list[tuple[str, str]]:
+    """(file name, path) of the status files, sorted; none when there is no folder."""
+    try:
+        with os.scandir(status_dir) as entries:
+            return sorted((e.name, e.path) for e in entries if e.name.endswith(".yaml") and not e.name.startswith("."))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _scan(status_dir: Path, cache: StatusCache | None) -> list[tuple[str, tuple[int, int, int], str]]:
+    """(file name, key, path) of the status files, sorted. Handed to ``cache`` for the next pass
+    when its watch was in place before the scan began and every file is one it sees all changes
+    of: a plain file (not a symbolic link) with a single link."""
+    watched = cache is not None and cache._watched
+    out = []
+    plain = True
+    try:
+        with os.scandir(status_dir) as entries:
+            for e in entries:
+                name = e.name
+                if name.endswith(".yaml") and not name.startswith("."):
+                    try:
+                        s = e.stat()
+                    except OSError:
+                        continue
+                    if s.st_nlink != 1 or e.is_symlink():
+                        plain = False
+                    out.append((name, (s.st_ino, s.st_size, s.st_mtime_ns), e.path))
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    out.sort()
+    if cache is not None:
+        cache.scanned(status_dir, out, watched and plain)
     return out
 
 

@@ -346,14 +346,17 @@ def _key_note(key: str | None) -> str:
 
 
 def _steady(prev: RunStatus | None, change, outcome) -> bool:
-    """Nothing happened to this run: same phase, generation, attempt and spec, no action taken."""
-    if not (prev is not None and change.action == Action.NONE and outcome is None and prev.phase == change.phase
-            and prev.generation == change.generation and prev.attempt == change.attempt
-            and (change.spec_digest is None or prev.spec.digest == change.spec_digest) and bool(prev.history)):
+    """Nothing happened to this run: same phase, generation, attempt and spec, no action taken.
+    Asked of every run on every pass, so the conditions are walked once, in line."""
+    if (outcome is not None or prev is None or change.action != Action.NONE or prev.phase != change.phase
+            or prev.generation != change.generation or prev.attempt != change.attempt or not prev.history
+            or (change.spec_digest is not None and prev.spec.digest != change.spec_digest)):
         return False
     # A condition left over from a passing trouble (a machine that answers again) needs the full path.
-    reach = prev.condition("MachineReachable")
-    return reach is None or reach.status == "True"
+    for c in prev.conditions:
+        if c.type == "MachineReachable":
+            return c.status == "True"
+    return True
 
 
 def _refresh(prev: RunStatus, change, obs, now: float) -> RunStatus:
@@ -361,7 +364,11 @@ def _refresh(prev: RunStatus, change, obs, now: float) -> RunStatus:
     itself when nothing did, so the common case costs no copy and no comparison."""
     progress = obs.progress if obs is not None and obs.progress else None
     stalled = change.stalled
-    cur = prev.condition("Stalled")
+    cur = None
+    for c in prev.conditions:
+        if c.type == "Stalled":
+            cur = c
+            break
     stall_moves = (stalled and (cur is None or cur.status != "True" or cur.message != stalled)) or (
         not stalled and cur is not None and cur.status == "True" and change.phase == "Running")
     pid_moves = prev.handle is not None and obs is not None and obs.pid and not prev.handle.pid

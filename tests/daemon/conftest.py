@@ -213,8 +213,10 @@ class World:
     # -------- the execution plane
 
     def workspaces(self) -> list[str]:
+        """The workspaces under the root (hidden entries beside them, such as an identity's claim or
+        the bundles' shared runtime files, are not workspaces)."""
         root = self.ws / "fixed"
-        return sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+        return sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) if root.is_dir() else []
 
     def pid_of(self, identity: str) -> int | None:
         p = self.ws / "fixed" / identity / "runtime" / "pid"

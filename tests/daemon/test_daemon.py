@@ -298,6 +298,12 @@ def test_a_burst_of_fifty_spec_files_is_one_pass_and_each_run_starts_once(world)
     assert [p["plan"] for p in _local_passes(d)] == [{"launch": 50}, {"launch": 1}], d.text()[-3000:]
     assert len(d.logged("local change")) == 2
     assert world.workspaces() == sorted(f"{n}-g1-a1" for n in [*names, "marker"])  # each launched once
+    # The burst's launches overlap, from the daemon's own record (engine/parallel_launches.py):
+    # some launch began before another one had its answer.
+    started = {e["identity"]: e for e in d.logged("wrapper started")}
+    assert len(d.logged("wrapper started")) == 51 and set(started) == {f"{n}-g1-a1" for n in [*names, "marker"]}
+    spans = sorted((e["began"], e["answered"]) for n, e in started.items() if n != "marker-g1-a1")
+    assert any(b1 < a0 for (_, a0), (b1, _) in zip(spans, spans[1:])), spans[:10]
 
 
 def test_a_git_pull_in_the_checkout_launches_what_it_brought_in_one_pass(world):

@@ -42,7 +42,8 @@ def test_logs_follow_on_ssh_then_collected(tmp_path, sshd):
         p = cli(w, "chatty", "--stream", "stderr")
         assert p.communicate(timeout=30)[0] == "oops\n"
         st = w.until("chatty", lambda s: s.phase == "Succeeded")
-        assert not ws.exists()  # removed after collection: logs come from the collected copy
+        # removed by the pass after the one that recorded the end: logs come from the collected copy
+        assert w.passes_until(lambda: not ws.exists()) == 1
         p = cli(w, "chatty", "-n", "2")
         out, err = p.communicate(timeout=30)
         assert p.returncode == 0, err

@@ -250,3 +250,26 @@ def test_the_commit_step_asks_git_only_when_status_can_differ(tmp_path, ws_root,
     rec.run_pass(commit=False)
     later = rec.run_pass()
     assert later.commit is not None and "stop-2" in later.committed
+
+
+def test_the_quick_section_is_written_only_for_a_tree_that_plans_nothing(tmp_path, ws_root):
+    repo = _tree(tmp_path)  # invalid files and twins: planned on every pass
+    _age(repo)
+    _settle(repo, ws_root)
+    assert passcache.read_quick(repo / ".reconciler") is None
+    simple = make_repo(tmp_path / "simple", {f"s-{i}": run_spec(f"s-{i}", ["true"], desired="Stopped")
+                                             for i in range(3)})
+    _age(simple)
+    rec = reconciler(simple, ws_root)
+    # Dating the files back changed their ctime: a file read within its racy window is read again
+    # by the next pass, and only then is the section written.
+    wait_for(lambda: rec.run_pass() and passcache.read_quick(simple / ".reconciler"), timeout=15,
+             what="a quick section")
+    quick = passcache.read_quick(simple / ".reconciler")
+    keys = {n: tuple(s.key) for n, s in reconciler(simple, ws_root).settled.items()}
+    assert quick is not None and sorted(keys) == ["s-0", "s-1", "s-2"]
+    assert quick["status"] == passcache.stats_digest((n, *keys[n]) for n in sorted(keys))
+    files = [f"specs/runs/s-{i}.yaml" for i in range(3)] + ["execution_templates/local-host.yaml"]
+    stats = [(f, *(lambda s: (s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns))(os.stat(simple / f))) for f in files]
+    assert quick["specs"] == passcache.stats_digest(stats)  # in the loader's walk order
+    assert quick["specs"] != passcache.stats_digest(stats[1:])

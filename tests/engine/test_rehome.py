@@ -1,0 +1,76 @@
+"""After a pass that parsed many files, the reconciler drops its long-lived records and reads them
+back from the pass cache it just wrote (engine/rehome.py): same state, same plans, fresh objects."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from reconciler.engine import passcache, rehome
+from reconciler.planner.render import dumps
+from tests.repo_helpers import make_repo, reconciler, run_spec
+
+
+def _tree(tmp_path: Path) -> Path:
+    runs = {f"r{i}": run_spec(f"r{i}", ["echo", str(i)], desired="Stopped") for i in range(8)}
+    runs["bad"] = run_spec("bad", ["true"], desired="Stopped", extra="  colour: red\n")
+    repo = make_repo(tmp_path / "repo", runs)
+    then = time.time() - 10  # outside the racy-clean window: a stat vouches for every file
+    for d, _, names in os.walk(repo / "specs"):
+        for n in names:
+            os.utime(os.path.join(d, n), (then, then))
+    return repo
+
+
+def _acting(plan_json: str) -> list:
+    return [c for c in json.loads(plan_json)["changes"] if c["action"] != "none"]
+
+
+def test_records_are_read_back_after_a_large_pass_and_plan_the_same(tmp_path, ws_root, monkeypatch):
+    monkeypatch.setattr(rehome, "REHOME_AFTER", 5)
+    repo = _tree(tmp_path)
+    rec = reconciler(repo, ws_root)
+    rec.run_pass()  # parses every spec and writes every status: a large pass here
+    assert rec._rehome
+    settled, rows = dict(rec.settled), dict(rec.ledger.rows)
+    files = {f.rel: (f.sha, f.digest, f.stat) for f in rec.cache.files() if f.ok}
+    old_cache = rec.cache
+    res = rec.run_pass(now=2_000_000_000.0)
+    assert rec.cache is not old_cache and not rec._rehome  # read back once, then a quiet pass
+    assert rec.settled == settled and set(rec.settled) == {f"r{i}" for i in range(8)}
+    assert rec.ledger.rows == rows
+    assert {f.rel: (f.sha, f.digest, f.stat) for f in rec.cache.files() if f.ok} == files
+    assert rec.cache.parsed <= 1  # only the invalid file, whose parse is not kept
+    assert not res.written and res.commit is None
+    fresh = reconciler(repo, ws_root).run_pass(dry_run=True, now=2_000_000_000.0)
+    assert _acting(dumps(res.plan)) == _acting(dumps(fresh.plan))
+    assert [d.text() for d in res.desired.diagnostics] == [d.text() for d in fresh.desired.diagnostics]
+
+
+def test_a_small_pass_or_an_unsaved_cache_reads_nothing_back(tmp_path, ws_root, monkeypatch):
+    repo = _tree(tmp_path)
+    rec = reconciler(repo, ws_root)
+    rec.run_pass()
+    assert not rec._rehome  # 9 files: below REHOME_AFTER
+    monkeypatch.setattr(rehome, "REHOME_AFTER", 5)
+    monkeypatch.setattr(passcache, "save", lambda *a, **k: False)  # a read-only working state, say
+    passcache.cache_path(repo / ".reconciler").unlink()
+    rec2 = reconciler(repo, ws_root)
+    rec2.run_pass()
+    assert not rec2._rehome  # the file does not hold this state: nothing to read back
+
+
+def test_a_cache_gone_before_it_is_read_back_costs_a_full_pass_only(tmp_path, ws_root, monkeypatch):
+    monkeypatch.setattr(rehome, "REHOME_AFTER", 5)
+    repo = _tree(tmp_path)
+    rec = reconciler(repo, ws_root)
+    rec.run_pass()
+    assert rec._rehome
+    passcache.cache_path(repo / ".reconciler").unlink()
+    res = rec.run_pass(now=2_000_000_000.0)
+    assert rec.cache.parsed >= 8  # everything read and parsed again, as a new process would
+    assert not res.written and res.commit is None and not rec._rehome  # and not tried again
+    fresh = reconciler(repo, ws_root).run_pass(dry_run=True, now=2_000_000_000.0)
+    assert _acting(dumps(res.plan)) == _acting(dumps(fresh.plan))
