@@ -65,9 +65,18 @@ def test_the_wrapper_is_started_by_this_process_in_a_session_of_its_own_and_adop
     assert (ws / "runtime" / "launched_at").read_text().strip().isdigit()
     again = launchers.launch(transport, _spec(ws))
     assert again.adopted and again.pid == done.pid
-    # A wrapper leads a session of its own: one session led by a process of the identity.
-    leaders = [p for p, (_, sid) in process_table().items() if sid == p and b"a-g1-a1" in _cmdline(p)]
+    # A wrapper leads a session of its own: one session led by a process of the identity in this
+    # test's workspace (its folder tells it from another test's wrapper of the same identity).
+    leaders = [p for p, (_, sid) in process_table().items()
+               if sid == p and b"a-g1-a1" in _cmdline(p) and _cwd(p) == str(ws)]
     assert leaders == [done.pid], "adopted, never started twice"
+
+
+def _cwd(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return ""
 
 
 def _cmdline(pid: int) -> bytes:
