@@ -272,16 +272,22 @@ def test_config_redacts_the_webhook_secret(world):
     assert json.loads(p.stdout)["webhook_secret"] == "***"
 
 
+def _idle_daemon(world, clone, **env):
+    """A daemon woken only by local changes (no listener, no poll or resync within a test), after
+    its first pass."""
+    d = world.start(clone, listen=False, RECONCILER_POLL_INTERVAL="300", RECONCILER_RESYNC_INTERVAL="300", **env)
+    d.wait_ready()
+    wait_for(lambda: d.logged("pass"), timeout=20, what="the first pass")
+    return d
+
+
 def _local_passes(d) -> list[dict]:
     return [e for e in d.logged("pass") if "local change" in (e.get("why") or "")]
 
 
 def test_a_burst_of_fifty_spec_files_is_one_pass_and_each_run_starts_once(world):
     clone = world.clone("daemon")
-    d = world.start(clone, listen=False, RECONCILER_POLL_INTERVAL="300", RECONCILER_RESYNC_INTERVAL="300",
-                    RECONCILER_DEBOUNCE="0.2", RECONCILER_LOG_LEVEL="DEBUG")
-    d.wait_ready()
-    wait_for(lambda: d.logged("pass"), timeout=20, what="the first pass")
+    d = _idle_daemon(world, clone, RECONCILER_DEBOUNCE="0.2", RECONCILER_LOG_LEVEL="DEBUG")
     runs = clone / "specs" / "runs"
     names = [f"burst-{i:02d}" for i in range(50)]
     for i, name in enumerate(names):  # back to back, each atomically (as an editor or git writes a file)
@@ -310,10 +316,8 @@ def test_a_git_pull_in_the_checkout_launches_what_it_brought_in_one_pass(world):
     """The files land before the branch moves: the pass waits for the pull to finish, so it sees
     committed content and launches it (without allow_dirty an uncommitted spec would wait)."""
     clone = world.clone("daemon")
-    d = world.start(clone, listen=False, RECONCILER_POLL_INTERVAL="300", RECONCILER_RESYNC_INTERVAL="300",
-                    RECONCILER_DEBOUNCE="0.2", RECONCILER_ALLOW_DIRTY="false", RECONCILER_LOG_LEVEL="DEBUG")
-    d.wait_ready()
-    wait_for(lambda: d.logged("pass"), timeout=20, what="the first pass")
+    d = _idle_daemon(world, clone, RECONCILER_DEBOUNCE="0.2", RECONCILER_ALLOW_DIRTY="false",
+                     RECONCILER_LOG_LEVEL="DEBUG")
     world.add_spec("pulled", "sleep 60")  # pushed to origin; the daemon does not poll
     git(clone, "pull", "-q", "--ff-only", "origin", "main")
     wait_for(lambda: world.pid_of("pulled-g1-a1"), timeout=30, what="the pulled run to start")
@@ -325,10 +329,7 @@ def test_a_git_pull_in_the_checkout_launches_what_it_brought_in_one_pass(world):
 
 def test_one_saved_file_wakes_a_pass_without_waiting_for_the_debounce(world):
     clone = world.clone("daemon")
-    d = world.start(clone, listen=False, RECONCILER_POLL_INTERVAL="300", RECONCILER_RESYNC_INTERVAL="300",
-                    RECONCILER_DEBOUNCE="10", RECONCILER_LOG_LEVEL="DEBUG")
-    d.wait_ready()
-    wait_for(lambda: d.logged("pass"), timeout=20, what="the first pass")
+    d = _idle_daemon(world, clone, RECONCILER_DEBOUNCE="10", RECONCILER_LOG_LEVEL="DEBUG")
     runs = clone / "specs" / "runs"
     (runs / ".single.yaml.tmp").write_text(run_spec("single", "sleep 60"))  # an editor's save: write, rename
     os.replace(runs / ".single.yaml.tmp", runs / "single.yaml")

@@ -7,15 +7,14 @@ processes of two attempts of the run (two RECONCILER_IDENTITY values) were alive
 
 from __future__ import annotations
 
-import os
 import signal
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from reconciler.runtime.readings import carriers, group_alive
+from reconciler.runtime.readings import group_alive
+from tests.e2e.attempts import Sampler, here, reap
 from tests.world import World, fleet, kill_group, machine, run_spec
 
 pytestmark = pytest.mark.e2e
@@ -25,54 +24,6 @@ pytest_plugins = ["tests.infra.fixtures"]
 # it) and keeps forking children that carry the identity too.
 JOB = ["sh", "-c", "setsid sh -c 'trap \"\" TERM; while :; do sleep 0.2; done' </dev/null >/dev/null 2>&1 & "
        "sleep 120"]
-
-
-def here(w: World) -> dict[str, list[int]]:
-    """``carriers()`` of this world's workspace roots only: another suite beside this one may run
-    attempts of the same name on this machine, and they are not this test's to count or kill."""
-    out: dict[str, list[int]] = {}
-    for root in [w.local_root, *map(Path, w.roots)]:
-        for ident, pids in carriers(root=str(root / "test")).items():
-            out.setdefault(ident, []).extend(pids)
-    return out
-
-
-class Sampler(threading.Thread):
-    """Every ``every`` seconds: which attempts of ``name`` have a live process; the largest set seen."""
-
-    def __init__(self, name: str, w: World, every: float = 0.02):
-        super().__init__(daemon=True)
-        self.name_prefix, self.every, self.w = f"{name}-g", every, w
-        self.samples = 0
-        self.overlaps: list[tuple[float, list[str]]] = []
-        self.seen: set[str] = set()
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            alive = sorted(i for i in here(self.w) if i.startswith(self.name_prefix))
-            self.samples += 1
-            self.seen.update(alive)
-            if len(alive) > 1:
-                self.overlaps.append((time.time(), alive))
-            self._halt.wait(self.every)
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(5)
-
-
-def reap(name: str, w: World) -> None:
-    for _ in range(40):
-        pids = [p for i, ps in here(w).items() if i.startswith(f"{name}-g") for p in ps]
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.05)
 
 
 def relaunch_after_group_kill(w: World, name: str, template: str) -> Sampler:

@@ -9,66 +9,21 @@ spec as generation 2 on the other machine: one identity for two contents, and tw
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from reconciler.core import config
 from reconciler.engine.loop import Reconciler
-from reconciler.runtime.readings import carriers
 from reconciler.spec.load import load_tree
 from reconciler.status.store import load_all
+from tests.e2e.attempts import Sampler, here, reap
 from tests.repo_helpers import reconcile_cli
 from tests.world import World, fleet, machine, run_spec
 
 pytestmark = pytest.mark.e2e
 pytest_plugins = ["tests.infra.fixtures"]
-
-
-def here(w: World) -> dict[str, list[int]]:
-    """Live processes by identity, of this world's workspaces only (another suite may run a run of
-    the same name beside this one)."""
-    out: dict[str, list[int]] = {}
-    for root in [w.local_root, *map(Path, w.roots)]:
-        for ident, pids in carriers(root=str(root / "test")).items():
-            out.setdefault(ident, []).extend(pids)
-    return out
-
-
-class Sampler(threading.Thread):
-    """Every 20 ms: the attempts of ``gen`` with a live process; every moment with two of them."""
-
-    def __init__(self, w: World):
-        super().__init__(daemon=True)
-        self.w, self.samples, self.seen, self.overlaps = w, 0, set(), []
-        self.halt = threading.Event()
-
-    def run(self) -> None:
-        while not self.halt.is_set():
-            alive = sorted(i for i in here(self.w) if i.startswith("gen-g"))
-            self.samples += 1
-            self.seen.update(alive)
-            if len(alive) > 1:
-                self.overlaps.append((time.time(), alive))
-            self.halt.wait(0.02)
-
-
-def reap(w: World) -> None:
-    for _ in range(40):
-        pids = [p for i, ps in here(w).items() if i.startswith("gen-g") for p in ps]
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.05)
 
 
 def spec(n: int) -> dict:
@@ -84,7 +39,7 @@ def test_a_lost_launch_on_a_machine_that_does_not_answer_keeps_its_generation_nu
     machines = [machine(a, "lab-a", max_tasks=1), machine(b, "lab-b", max_tasks=1)]
     servers = {"lab-a": a, "lab-b": b}
     with World(tmp_path, [fleet(machines)], terminate_grace=0.5) as w:
-        sampler = Sampler(w)
+        sampler = Sampler("gen", w)
         sampler.start()
         try:
             w.add_run(spec(1))
@@ -131,9 +86,8 @@ def test_a_lost_launch_on_a_machine_that_does_not_answer_keeps_its_generation_nu
             assert st.spec.digest == digest(clone) != second
             assert here(w).get("gen-g2-a1") is None
         finally:
-            sampler.halt.set()
-            sampler.join(5)
-            reap(w)
+            sampler.stop()
+            reap("gen", w)
     # The sampler must have watched the whole story (every identity seen); how often it sampled
     # depends on the machine's load, so only a floor that makes "no overlap" mean something.
     assert {"gen-g1-a1", "gen-g2-a1", "gen-g3-a1"} <= sampler.seen and sampler.samples >= 20

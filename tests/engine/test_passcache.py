@@ -14,7 +14,7 @@ from reconciler.engine import passcache
 from reconciler.planner.render import dumps
 from reconciler.spec.load import SpecCache, load_tree
 from reconciler.spec.specfile import RACY_NS
-from tests.repo_helpers import commit_all, make_repo, reconciler, run_spec, wait_for
+from tests.repo_helpers import LOCAL_HOST, commit_all, make_repo, reconciler, run_spec, wait_for
 
 TEMPLATE_B = """\
 apiVersion: reconciler/v1
@@ -38,16 +38,6 @@ def _tree(tmp_path: Path) -> Path:
     runs["refused"] = run_spec("refused", ["true"], template="other-host", desired="Stopped",
                                extra="  overrides:\n    resources: {cpu_count: 2}\n")
     return make_repo(tmp_path / "repo", runs, {"local-host": LOCAL_HOST, "other-host": TEMPLATE_B})
-
-
-LOCAL_HOST = """\
-apiVersion: reconciler/v1
-kind: ExecutionTemplate
-id: local-host
-placement: {kind: local}
-launch_mode: {kind: host_process}
-allow_overrides: [resources, runtime_env]
-"""
 
 
 def _age(repo: Path, seconds: float = 10.0) -> None:

@@ -20,6 +20,7 @@ from reconciler.core import boundary
 from reconciler.machines.remote_agent import agent_program
 from reconciler.runtime import probe, stop
 from reconciler.runtime.readings import carriers, group_alive
+from tests.e2e.attempts import kill_until_gone
 
 pytest_plugins = ["tests.infra.fixtures"]
 
@@ -58,16 +59,7 @@ def sessions(identity: str, root: str) -> set[int]:
 
 
 def kill_everything(identity: str, root: str) -> None:
-    for _ in range(20):
-        pids = carriers(root=root).get(identity, [])
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.05)
+    kill_until_gone(lambda: carriers(root=root).get(identity, []))
 
 
 def started_with_a_worker(ws: Path, identity: str) -> int:
