@@ -6,7 +6,7 @@
 # Why a wrapper: the reconciler is not the job's parent (it may crash, restart, or live on another
 # host), so the job's fate must be written where any later observer can read it. This script
 #   - records its pid (it leads the session and the process group: killing the group kills all),
-#   - refreshes runtime/heartbeat while the job lives,
+#   - refreshes runtime/heartbeat from its start until the job has ended,
 #   - always writes runtime/result.json {state, exit_code, finished_at}: on success, failure and
 #     SIGTERM (state "terminated"),
 #   - reads the launch-time secrets file once and deletes it, so secrets never stay on disk.
@@ -21,6 +21,19 @@ bundle=$(pwd)
 mkdir -p runtime artifacts
 log() { echo "$(date -u +%Y-%m-%dT%H:%M:%SZ) $*" >> runtime/runtime.log; }
 
+# The heartbeat says the wrapper's process group is not frozen (a stopped group, a machine out of
+# CPU). It beats from the wrapper's start, before the pid is visible, and through everything
+# before the job (a secrets wait, a resume fetch of many gigabytes): a group stopped at any moment
+# of its life is seen, and a long fetch is never taken for a freeze. It is in this process group,
+# so stopping the group stops it; it ends with this wrapper ($$ is the wrapper in a subshell too).
+date +%s > runtime/heartbeat.tmp && mv runtime/heartbeat.tmp runtime/heartbeat
+(
+    while kill -0 $$ 2>/dev/null; do
+        sleep "${RECONCILER_HEARTBEAT_SECONDS:-2}"
+        date +%s > runtime/heartbeat.tmp && mv runtime/heartbeat.tmp runtime/heartbeat
+    done
+) </dev/null >/dev/null 2>&1 &
+hb=$!
 echo "$$" > runtime/pid.tmp && mv runtime/pid.tmp runtime/pid
 date +%s > runtime/started_at
 
@@ -36,6 +49,7 @@ if [ -f runtime/secrets.pending ]; then
         printf '{"state": "failed", "exit_code": 126, "finished_ts": %s, "message": "%s"}\n' "$(date +%s)" \
             "the secrets were not delivered from the login host" > runtime/result.json.tmp
         mv runtime/result.json.tmp runtime/result.json
+        kill "$hb" 2>/dev/null
         exit 126
     fi
 fi
@@ -85,7 +99,6 @@ if [ -n "${NPROC_PER_NODE:-}" ] && [ -z "${MASTER_PORT:-}" ] && [ -n "$py" ]; th
 fi
 
 child=""
-hb=""
 sampler=""
 
 finish() {
@@ -141,6 +154,7 @@ elif [ -f scripts/storage.json ]; then
         # A fetch that died before it could say why (a crash, a kill) still ends the attempt
         # with a result: never a run that looks lost.
         [ -f runtime/result.json ] || finish failed "$code"
+        kill "$hb" 2>/dev/null
         exit "$code"
     fi
     printf '%s\n' "$store_env" | env -i PATH="$PATH" HOME="${HOME:-/}" RECONCILER_IDENTITY="$ident" RECONCILER_BUNDLE="$bundle" \
@@ -184,14 +198,6 @@ else
 fi
 child=$!
 echo "$child" > runtime/child.pid
-
-(
-    while kill -0 "$child" 2>/dev/null; do
-        date +%s > runtime/heartbeat.tmp && mv runtime/heartbeat.tmp runtime/heartbeat
-        sleep "${RECONCILER_HEARTBEAT_SECONDS:-2}"
-    done
-) </dev/null >/dev/null 2>&1 &
-hb=$!
 
 # A forwarded signal interrupts wait while the job lives on: wait again until it has ended.
 while :; do
