@@ -358,7 +358,7 @@ class SshTransport(SshFiles):
         try:
             chan.exec_command(command)
             if stdin:
-                chan.sendall(stdin)
+                self._send_input(chan, stdin)
             chan.shutdown_write()
             while True:
                 while chan.recv_ready():
@@ -388,6 +388,19 @@ class SshTransport(SshFiles):
             raise TemporaryError(f"{self.where}: session lost: {type(e).__name__}: {e}") from None
         finally:
             chan.close()
+
+    @staticmethod
+    def _send_input(chan: paramiko.Channel, stdin: bytes) -> None:
+        """Send a command's input. A command may end without reading it all (staging a workspace
+        that already exists reads none of the bundle): the machine then closes the channel under
+        the send, which fails although nothing is wrong. Its exit status and output still say what
+        happened, so the send's failure counts only while the session itself is lost."""
+        try:
+            chan.sendall(stdin)
+        except OSError:
+            transport = chan.get_transport()
+            if not (chan.closed or chan.eof_received) or transport is None or not transport.is_active():
+                raise
 
     def sh(self, script: str, timeout: float = 60.0) -> Completed:
         prefix = f"export DOCKER_HOST={shlex.quote(self.machine.docker_host)}\n" if self.machine.docker_host else ""

@@ -64,6 +64,19 @@ def test_one_connection_and_one_round_trip_per_operation(sshd, root):
         t.close()
 
 
+def test_a_command_that_ends_without_reading_its_input_is_not_a_lost_session(sshd, root):
+    # Staging a workspace that exists reads none of the bundle it is sent: the machine closes the
+    # channel while the input is still on its way, which must read as the command's own result.
+    t = SshTransport(info(sshd, root))
+    try:
+        for code in (0, 3):
+            rc, out, _ = t._exec(f"echo done; exit {code}", os.urandom(8 << 20), 30)
+            assert (rc, out) == (code, b"done\n")
+        assert t.sh("echo still").out == "still\n"  # the connection was kept
+    finally:
+        t.close()
+
+
 def test_stage_put_secret_fetch(sshd, root, bundle_dir, tmp_path):
     t = SshTransport(info(sshd, root))
     try:
