@@ -432,6 +432,7 @@ STEPS = (("reconciler.engine.loop", "load_tree", "load specs"),
          ("reconciler.machines.local_launch", "start_host", "launch (in-process)"),
          ("reconciler.machines.local_launch", "wait_for_pid", "  of which: the wrapper until its pid"),
          ("reconciler.engine.inflight", "Journal.answered", "launch journal: answered"),
+         ("reconciler.engine.guards", "after_apply", "after the launches: journal, full look"),
          ("reconciler.engine.loop", "Reconciler._write_statuses", "status files"),
          ("reconciler.engine.loop", "Reconciler._commit", "commit"))
 

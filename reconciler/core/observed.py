@@ -147,7 +147,8 @@ class ObservedWorld:
             by_identity[base] = gang
             by_name.setdefault(parse(base).name, []).append(gang)
         for runs in by_name.values():
-            runs.sort(key=lambda r: r.identity)
+            if len(runs) > 1:  # most runs have one instance: nothing to order
+                runs.sort(key=lambda r: r.identity)
         self._by_name, self._by_identity = by_name, by_identity
 
     def find(self, identity: str) -> ObservedRun | None:

@@ -181,8 +181,15 @@ class Daemon(GitSync, Health):
         for d in result.desired.diagnostics[:20]:
             event(logging.DEBUG, "invalid spec", diagnostic=d.text())
         retry_after = result.retry_after
-        del result  # the pass's desired, observed and plan are garbage now: give the memory back
+        # The pass's desired, observed and plan are garbage now, and so is what the log line held
+        # of them (a first pass's transitions: one line per run): give the memory back, and after a
+        # large pass read its records back into fresh arenas now (engine/rehome.py), not a resync
+        # later.
+        del result, fields, summary, errors
         self._account_runs()
+        from reconciler.engine.rehome import rehome_if_due
+
+        rehome_if_due(self.rec)
         release_memory()
         self.push()
         return retry_after

@@ -1,13 +1,14 @@
 """What a pass adds to its plan from what only the engine knows, before it applies it: the holds
-for launches an earlier reconciler may have left in flight (inflight.py), and the removal of
-ended runs' workspaces once git holds their end (endclean.py)."""
+for launches an earlier reconciler may have left in flight (inflight.py), the removal of
+ended runs' workspaces once git holds their end (endclean.py), and a full look at this machine
+where a look focused on the edited runs planned an act on another (focus.py)."""
 
 from __future__ import annotations
 
 import logging
 import time
 
-from . import endclean, inflight
+from . import endclean, focus, inflight
 
 log = logging.getLogger("reconciler")
 
@@ -40,7 +41,23 @@ def before_apply(rec, dry_run: bool, desired, world, plan, previous: dict, skipp
         plan = rec._plan(desired, world, previous, skipped, now)
         inflight.hold(plan, world, previous, j, now)  # nothing is left to hold by now
     endclean.add_removals(rec.cfg, plan, world, previous)
+    if focus.widen(rec, plan):
+        # A look focused on the edited runs, and a plan that acts on another run: that act needs
+        # the full look a pass would have had (engine/focus.py), so the pass looks and plans again.
+        world = rec._observe_world(desired, previous, skipped, pool, rec.cfg.repo / "status", now)
+        plan = rec._plan(desired, world, previous, skipped, now)
+        inflight.hold(plan, world, previous, j, now)
+        endclean.add_removals(rec.cfg, plan, world, previous)
     return world, plan, now
+
+
+def after_apply(rec, plan) -> None:
+    """After the pass's launches answered: the journal's answers written in one go, and this
+    machine probed in full again if the pass acted there (engine/focus.py)."""
+    j = rec.__dict__.get("inflight")
+    if j is not None:
+        j.flush()
+    focus.after_apply(rec, plan)
 
 
 def kept(instance, cfg) -> bool:

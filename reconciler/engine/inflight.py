@@ -17,6 +17,12 @@ first pass: any predecessor died before that pass, so its last deadline is behin
 
 An entry whose answer never came (the connection dropped mid-launch) stays until its deadline has
 passed: the launch may still land, made by this very process.
+
+Writes are few: launches issued at the same moment (a burst, ``launch_width`` at once) share one
+write of the file, and an answer is written with the next launch or at the end of the pass
+(``flush``), not on its own. An answer that is not on disk yet only leaves an entry that a
+successor would honour for a launch that did land (it is in sight on its machine then): a hold of
+that run until the deadline, never a start too early.
 """
 
 from __future__ import annotations
@@ -55,7 +61,11 @@ class Journal:
         self.entries: dict[tuple[str, str, str], Entry] = {(e.run, e.machine, e.identity): e for e in found or []}
         self.first_pass: float | None = None
         self.blanket_until: float | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the entries
+        self._write_lock = threading.Lock()  # one writer at a time; a write covers every change before it
+        self._changes = 0  # changes made to the entries, and how many of them are on disk
+        self._written = 0
+        self._made = False  # the state folder is known to exist
 
     def begin(self, now: float, history: bool) -> None:
         """The first pass that may launch: the blanket hold (no journal) counts from here, and
@@ -69,24 +79,41 @@ class Journal:
                 self.blanket_until = now + self.ttl + self.margin
             with self._lock:
                 self._expire(now)
-                self._write()
+                self._changes += 1
+            self.flush()
 
     def issue(self, run: str, machine: str, identity: str, now: float | None = None) -> float:
-        """Record a launch about to be issued; its deadline."""
+        """Record a launch about to be issued; its deadline. Returns once the entry is on disk."""
         now = time.time() if now is None else now
         e = Entry(run, machine, identity, now + self.ttl)
         with self._lock:
             self._expire(now)
             self.entries[(run, machine, identity)] = e
-            self._write()
+            self._changes += 1
+        self.flush()
         return e.not_after
 
     def answered(self, run: str, machine: str, identity: str) -> None:
         """The machine answered: the launch started or adopted the identity. (A launch that failed
-        keeps its entry until its deadline: a lost connection and a refusal read alike here.)"""
+        keeps its entry until its deadline: a lost connection and a refusal read alike here.)
+        Written with the next launch or ``flush``."""
         with self._lock:
             if self.entries.pop((run, machine, identity), None) is not None:
-                self._write()
+                self._changes += 1
+
+    def flush(self) -> None:
+        """Write the entries if a change is not on disk yet. Callers that arrive while another
+        writes wait for it, and find their change written by it or write once more themselves."""
+        with self._lock:
+            wanted = self._changes
+        with self._write_lock:
+            if self._written >= wanted:
+                return
+            with self._lock:
+                doc = {"version": VERSION, "launches": [asdict(e) for e in self.entries.values()]}
+                upto = self._changes
+            self._write(doc)
+            self._written = upto
 
     def holds(self, now: float) -> tuple[dict[str, Entry], float | None]:
         """What to hold: per run, the unanswered launch whose hold ends last; and until when every
@@ -103,12 +130,14 @@ class Journal:
             if e.not_after + self.margin <= now:
                 del self.entries[k]
 
-    def _write(self) -> None:
+    def _write(self, doc: dict) -> None:
         """Atomically: a process killed while writing leaves the old journal, never half of one."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{FILE}.{os.getpid()}.tmp")
-        doc = {"version": VERSION, "launches": [asdict(e) for e in self.entries.values()]}
-        tmp.write_text(json.dumps(doc, sort_keys=True))
+        if not self._made:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._made = True
+        tmp = str(self.path.with_name(f".{FILE}.{os.getpid()}.tmp"))
+        with open(tmp, "wb") as fh:
+            fh.write(json.dumps(doc, sort_keys=True).encode())
         os.replace(tmp, self.path)
 
 

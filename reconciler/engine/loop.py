@@ -7,7 +7,6 @@ twice, or after a crash at any point, converges to the same world without launch
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import time
@@ -29,8 +28,8 @@ from reconciler.planner.exposure import shared_login_warnings
 from reconciler.status.ledger import Ledger
 from .observe import names_to_watch, observe
 from .uncommitted import Uncommitted, hold_uncommitted, repo_key as uncommitted_key
-from . import downtime, guards, passcache
-from .rehome import malloc_trim as _malloc_trim, rehome, worth_it as worth_rehoming
+from . import collector, downtime, focus, guards, passcache
+from .rehome import rehome, worth_it as worth_rehoming
 from .passcache import Settled
 from reconciler.core.observed import ObservedWorld
 from reconciler.core.parse_reuse import ParseMemo
@@ -41,8 +40,6 @@ from reconciler.spec.load import DesiredState, SpecCache, load_tree
 from reconciler.machines.pool import TransportPool
 
 log = logging.getLogger("reconciler")
-FULL_GC_EVERY = 50
-TRIM_AFTER = 1000  # spec files: a first pass this large leaves freed parse trees in malloc's arenas
 
 
 def _after_apply() -> None:
@@ -131,6 +128,12 @@ class Reconciler:
                             gang_heartbeat_timeout=self.cfg.gang_heartbeat_timeout)
 
     def run_pass(self, dry_run: bool = False, commit: bool | None = None, now: float | None = None) -> PassResult:
+        if not self._passes:  # a first pass parses everything: its parse trees' cycles are collected as it goes
+            return self._run_pass(dry_run, commit, now)
+        with collector.paused():  # why: collector.py
+            return self._run_pass(dry_run, commit, now)
+
+    def _run_pass(self, dry_run: bool, commit: bool | None, now: float | None) -> PassResult:
         t0 = time.perf_counter()
         if self._rehome:
             self._rehome = False
@@ -138,6 +141,8 @@ class Reconciler:
         cfg = self.cfg
         now = time.time() if now is None else now
         desired = load_tree(cfg.repo, self.cache, tree_version=gitops.head(self.repo))
+        if self.repo is not None:  # git status -- specs, beside the observation (uncommitted.py)
+            self.dirty.prefetch(self.repo, self.cache.tree_changed, self.cache.ignores)
         status_dir = cfg.repo / "status"
         runs, invalid = desired.runs, desired.invalid
         candidates = {n: s.key for n, s in self.settled.items()
@@ -152,6 +157,7 @@ class Reconciler:
         self._as_filed = statuses.overlay_live(previous, cfg.state_dir, self.live_cache)
         pool = TransportPool(cfg, desired, self.connections, self.transport_factory)
         try:
+            focus.begin(self, desired, previous, pool)  # this machine: a fresh look at the edited runs only
             world = self._observe_world(desired, previous, skipped, pool, status_dir, now)
             plan = self._plan(desired, world, previous, skipped, now)
             world, plan, now = guards.before_apply(self, dry_run, desired, world, plan, previous, skipped, pool, now)
@@ -160,6 +166,7 @@ class Reconciler:
                 result.duration = time.perf_counter() - t0
                 return result
             spec_commits = self._apply(result, previous, pool)
+            guards.after_apply(self, plan)
         finally:
             pool.close()
         phases, written = self._write_statuses(result, previous, spec_commits, status_dir, now)
@@ -186,7 +193,7 @@ class Reconciler:
         self._save_cache(desired)
         self._rehome = worth_rehoming(self, saved_before)
         result.duration = time.perf_counter() - t0
-        self._gc()
+        self._gc(result)
         return result
 
     def _save_cache(self, desired: DesiredState | None = None) -> None:
@@ -355,19 +362,11 @@ class Reconciler:
             result.commit, result.committed = made.sha, [Path(p).stem for p in made.paths]
         self._status_clean = uncommitted_key(self.repo)
 
-    def _gc(self) -> None:
-        """What a pass leaves behind is mostly caches that live as long as the process (parsed
-        specs and statuses): frozen out of the cyclic collector's sight, so that it does not walk
-        them again and again during the next pass (a third of a big pass's time otherwise).
-        Refcounting still frees what is dropped; every FULL_GC_EVERY passes the collector looks at
-        everything once, for cycles."""
+    def _gc(self, result: PassResult) -> None:
+        """The collector after a pass (collector.py): the pass's cycles, if it did work, then freeze."""
         self._passes += 1
-        if self._passes == 1 and len(self.cache) >= TRIM_AFTER:
-            _malloc_trim()
-        if self._passes % FULL_GC_EVERY == 0:
-            gc.unfreeze()
-            gc.collect()
-        gc.freeze()
+        busy = bool(result.outcomes or result.written or self.cache.parsed or self.status_cache.parsed)
+        collector.after_pass(self._passes, len(self.cache), busy)
 
     def _spec_commits(self, plan: Plan, previous: dict) -> dict[str, str]:
         """The spec commit of each run that launches, or whose status records a new spec, this

@@ -172,13 +172,19 @@ def observe(machines: list[str], transport_for: Callable[[str], object], names: 
 def _bind(m: ObservedMachine, transport, reply: ProbeReply, handle_of) -> None:
     """The machine's validated runs that it may report on, as ObservedRuns; the others noted."""
     foreign = []
+    name, runs, may_report = m.name, m.runs, boundary.may_report
     for ident, r in reply.runs.items():
-        why = boundary.may_report(m.name, r, handle_of(ident), expected_workspace(transport, ident))
+        handle = handle_of(ident)
+        # A status that records the attempt decides without the expected workspace, which is
+        # then not worked out (a string per run of a steady fleet): asked only when it matters.
+        why = may_report(name, r, handle, None) if handle is not None else "?"
+        if why is not None:
+            why = may_report(name, r, handle, expected_workspace(transport, ident))
         if why is not None:
             foreign.append(why)
             continue
-        r.machine = m.name
-        m.runs[ident] = r
+        r.machine = name
+        runs[ident] = r
     if foreign:
         note = "reported runs it does not host: " + "; ".join(foreign[:5]) + (
             f" (and {len(foreign) - 5} more)" if len(foreign) > 5 else "")

@@ -11,12 +11,16 @@ launches it instead and records ``spec.dirty: true`` with the content's digest a
 ``git status``, limited to ``specs/``: the repository's own answer, with git's index and its stat
 cache, rather than a second opinion computed here. It runs again only when its answer can have
 moved: a spec file's content changed or one came or went (the spec cache says), or HEAD, the
-index or an ignore file changed (their stats); otherwise the last answer stands.
+index or an ignore file changed (their stats); otherwise the last answer stands. A pass that
+needs it asks right after the specs are loaded, on a thread of its own (``prefetch``), so that git
+runs beside the observation of the machines instead of after it; it is never asked before the
+load, so its answer covers at least what the pass loaded.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 from reconciler.core.actions import Action
@@ -28,8 +32,10 @@ CODE = "UncommittedSpec"
 
 def uncommitted_specs(repo: Path) -> set[str]:
     """Paths under specs/ (relative to the repository) that differ from HEAD or are untracked."""
-    p = run_git(repo, "-c", "core.quotePath=false", "status", "--porcelain=v1", "-z", "--untracked-files=all",
-                "--", "specs", check=False)
+    # --no-optional-locks (git 2.15+, git(1)): no index.lock taken and no refreshed index written
+    # back, so a user's own git command in the checkout never finds the index locked by us.
+    p = run_git(repo, "--no-optional-locks", "-c", "core.quotePath=false", "status", "--porcelain=v1", "-z",
+                "--untracked-files=all", "--", "specs", check=False)
     if p.returncode != 0:
         return set()
     out: set[str] = set()
@@ -51,18 +57,47 @@ class Uncommitted:
     def __init__(self, key: list | None = None, paths: set[str] | None = None) -> None:
         self.key, self.paths = key, paths
         self.asked = 0  # how many times git was asked (the tests count them)
+        self._early: tuple | None = None  # (arguments, thread, [key, answer]) of a prefetch
+
+    def prefetch(self, repo, tree_changed: bool, ignores: list | None = None) -> None:
+        """Start asking git now, on a thread, when ``specs`` with the same arguments would ask."""
+        self._early = None
+        key = _key(repo, ignores)
+        if not (tree_changed or self.paths is None or key is None or key != self.key):
+            return
+        box: list = [key, None]
+
+        def ask() -> None:
+            box[1] = uncommitted_specs(Path(repo.working_tree_dir))
+
+        t = threading.Thread(target=ask, name="git-status", daemon=True)
+        t.start()
+        self._early = ((repo, tree_changed, ignores), t, box)
 
     def specs(self, repo, tree_changed: bool, ignores: list | None = None) -> set[str]:
         """``uncommitted_specs``, or its last answer while nothing it depends on changed.
         ``ignores``: the stats of the ignore files inside the spec folders (the spec loader's)."""
-        key = repo_key(repo)
-        if key is not None:
-            key.append(ignores)
+        early, self._early = self._early, None
+        # The same pass's prefetch: the loader makes a new ``ignores`` list every load.
+        if early is not None and early[0][0] is repo and early[0][1] == tree_changed and early[0][2] is ignores:
+            early[1].join()
+            if early[2][1] is not None:  # (None: the thread failed; ask here, as without it)
+                self.key, self.paths = early[2][0], early[2][1]
+                self.asked += 1
+                return self.paths
+        key = _key(repo, ignores)
         if tree_changed or self.paths is None or key is None or key != self.key:
             self.paths = uncommitted_specs(Path(repo.working_tree_dir))
             self.key = key
             self.asked += 1
         return self.paths
+
+
+def _key(repo, ignores: list | None) -> list | None:
+    key = repo_key(repo)
+    if key is not None:
+        key.append(ignores)
+    return key
 
 
 def repo_key(repo) -> list | None:

@@ -19,7 +19,7 @@ from reconciler.artifacts import safetar
 from reconciler.artifacts.bundle import built_digest
 from reconciler.core.errors import TemporaryError
 from reconciler.runtime import probe as agent_module
-from . import local_launch
+from . import local_launch, local_memo
 from .base import Completed, MachineInfo, only_runtime_and_artifacts
 from .base import without_checkpoints as skip_checkpoints
 
@@ -33,12 +33,19 @@ class LocalTransport:
         self.machine = machine
         self.root = os.path.abspath(os.path.expanduser(machine.workspace_root))
         self.round_trips = 0
+        # Set by a long-lived reconciler (engine/focus.py): ``memo_age`` keeps each full probe's
+        # report for up to that many seconds, and ``focus`` (run names) asks the next probe to
+        # look afresh only at those runs' workspaces (local_memo.py says when it may). The probe
+        # leaves in ``focus`` the runs it looked at afresh, or None when it looked at all.
+        self.memo_age: float | None = None
+        self.focus: frozenset[str] | None = None
 
     def workspace(self, identity: str) -> str:
         return os.path.join(self.root, identity)
 
     def sh(self, script: str, timeout: float = 60.0) -> Completed:
         self.round_trips += 1
+        local_memo.acted(self.root)
         # Everything a local run or docker command inherits starts here: procenv's allowlist, never
         # this process's environment (which holds every secret of the control plane). A run gets
         # its own declared variables and granted secrets from its bundle (scripts/launch.sh).
@@ -54,22 +61,35 @@ class LocalTransport:
         self.round_trips += 1
         if self.machine.docker_host:
             os.environ.setdefault("DOCKER_HOST", self.machine.docker_host)
-        if args.get("op") == "probe":
-            args = dict(args, root=self.root)
-            local_launch.reap()  # wrappers started here that ended: no zombie outlives a pass
-        return agent_module.dispatch(args)
+        if args.get("op") != "probe":
+            local_memo.acted(self.root)
+            return agent_module.dispatch(args)
+        args = dict(args, root=self.root)
+        local_launch.reap()  # wrappers started here that ended: no zombie outlives a pass
+        if self.memo_age is None:
+            return agent_module.dispatch(args)
+        if self.focus is not None:
+            found = local_memo.focused(self.root, args, self.focus, self.memo_age)
+            if found is not None:
+                report, self.focus = found  # the runs looked at afresh
+                return report
+            self.focus = None
+        return local_memo.full(self.root, args)
 
     def start_host(self, spec, not_after: float | None = None):
         """A host process launch without a shell (launchers._launch_host asks for it)."""
+        local_memo.acted(self.root)
         return local_launch.start_host(self, spec, not_after)
 
     def stage(self, bundle: Path, identity: str, spec_digest: str = "") -> str:
+        local_memo.acted(self.root)
         ws = self.workspace(identity)
         if os.path.abspath(bundle) != ws:
             raise ValueError(f"local bundles are built in their workspace ({ws}), not {bundle}")
         return ws
 
     def put_secret_file(self, workspace: str, content: bytes, name: str = "secrets.env") -> None:
+        local_memo.acted(self.root)
         rt = Path(workspace) / "runtime"
         rt.mkdir(parents=True, exist_ok=True)
         path = rt / name

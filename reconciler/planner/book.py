@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from reconciler.core.identity import parse
+from reconciler.core.identity import parse, split
 from reconciler.core.observed import ObservedRental, ObservedWorld
 from reconciler.core.runstatus import TERMINAL, RunStatus
 from reconciler.spec.load import DesiredState
@@ -55,6 +55,10 @@ class PlanBook:
     # and the Policy does not change within a plan (set in __post_init__).
     preempts: bool = False
     _any_down: bool | None = None  # whether any machine of the world does not answer (asked once per plan)
+    _observed: tuple | None = None  # (names of the runs with an instance in sight, whether one is a gang's node)
+    # What the plan reads of each run's spec, read in one pass in name order (read_runs):
+    reads: dict = field(default_factory=dict)  # run name → (priority class, team, digest, rel, affinity?, Effective)
+    stopped: set = field(default_factory=set)  # runs whose spec says desiredState: Stopped
 
     def any_down(self) -> bool:
         """Whether some machine does not answer: when none does, no start can be held for one
@@ -63,12 +67,71 @@ class PlanBook:
             self._any_down = any(not m.reachable for m in self.world.machines.values())
         return self._any_down
 
+    def observed(self) -> tuple[set[str], bool]:
+        """The runs with an instance on some machine (those for which ``world.instances`` is not
+        empty: every identity that parses, a node's by its run), and whether any instance is a
+        node of a run on several machines. Asked for every run of the plan; one walk of the
+        observed instances answers all of them."""
+        if self._observed is None:
+            names, nodes = set(), False
+            for m in self.world.machines.values():
+                for ident in m.runs:
+                    p, node = split(ident)
+                    if p is not None:
+                        names.add(p.name)
+                        nodes = nodes or node is not None
+            self._observed = (names, nodes)
+        return self._observed
+
+    def read_runs(self, names) -> None:
+        """Read, for every run of ``names`` that has a spec, what the plan decides it by (its
+        priority class, team, digest and path, whether it has affinity, its Effective when one
+        is kept for its digest; ``stopped``), in one pass in name order. The runs are placed in
+        priority and team order, which jumps across them; reading the spec models there, each
+        a few scattered objects, costs a cache miss for every one of them. A run's spec reads
+        the same for the whole plan; an Effective not kept yet is resolved when it is needed."""
+        runs, reads, stopped = self.desired.runs, self.reads, self.stopped
+        policy = self.desired.policy
+        label = policy.spec.teamLabel if policy is not None else None
+        kept_by_template: dict = {}  # template name → its kept Effectives (None: no such template)
+        templates = self.desired.templates
+        for name in names:
+            entry = runs.get(name)
+            if entry is None:
+                continue
+            run = entry.run
+            spec = run.spec
+            tname = spec.template
+            kept = kept_by_template.get(tname, self)
+            if kept is self:
+                kept = kept_by_template[tname] = self._kept_for(tname, templates.get(tname))
+            digest = entry.digest
+            reads[name] = (spec.priority, run.metadata.labels.get(label) if label is not None else None, digest,
+                           entry.rel, bool(spec.affinity or spec.antiAffinity),
+                           kept.get(digest) if kept is not None else None)
+            if spec.desiredState == "Stopped":
+                stopped.add(name)
+
+    def _kept_for(self, name: str, template) -> dict | None:
+        """The kept Effectives of the runs of template ``name`` (as ``effective`` finds them)."""
+        if template is None:
+            return None
+        kept = self._kept.get(name)
+        if kept is None:
+            kept = self._kept[name] = effectives_of(template)
+        return kept
+
     def effective(self, entry) -> Effective:
         """The run's effective spec, resolved once per plan (and, by its spec digest, once for as
         long as neither the spec nor its template changes): every decision about one run (quota,
         placement, its gang's nodes) reads the same object rather than revalidating the models."""
         run = entry.run
         name = run.spec.template
+        kept = self._kept.get(name)
+        if kept is not None:  # the template was read by this plan already; only content digests are kept
+            found = kept.get(entry.digest)
+            if found is not None:
+                return found
         template = self.desired.templates[name]
         if not entry.digest.startswith("sha256:"):  # no content digest: kept for this plan only
             found = self._effective.get(id(run))

@@ -129,7 +129,18 @@ class Slot:
         got = self._free(gpu_type)[:gpu_count]
         self.used_gpus.update(got)
         self.tasks += 1
-        self._counts.clear()
+        counts = self._counts
+        if got and counts:
+            # The counts _free would give now, kept rather than rebuilt: each GPU taken was free, so
+            # it leaves the count of its own type and that of any type (the room index re-reads
+            # every type's count after each placement).
+            types = self.gpu_types
+            for i in got:
+                key = types[i].lower()
+                if key in counts:
+                    counts[key] -= 1
+            if None in counts:
+                counts[None] -= len(got)
         if self.room is not None:
             self.room[0] += 1
         return got
@@ -187,68 +198,100 @@ def _shown(lines: list[str]) -> list[str]:
 
 class RoomIndex:
     """Which candidate machines have room, by free GPUs of a type, so that placing a run costs a
-    few look-ups rather than a look at every machine: buckets of machines by free GPU count, each
-    a heap by (tasks, name); placing a run updates the one machine it took. The choice is the one
-    a scan of every machine would make: fewest matching GPUs left free, then fewest tasks, then
-    name (for a run without GPUs: fewest tasks, then name)."""
+    few look-ups rather than a look at every machine. The choice is the one a scan of every
+    machine would make: fewest matching GPUs left free, then fewest tasks, then name (for a run
+    without GPUs: fewest tasks, then name).
+
+    Per GPU type, each available machine sits in the bucket of its (free count, tasks); a bucket
+    is a heap of the machines' ranks by name (ints: cheap to compare). A placement moves the one
+    machine it took to its new bucket (a push); the entry it leaves behind is dropped when it
+    reaches the top of its heap (its machine's bucket is no longer that one). So the best machine
+    is the top of the first bucket, in (free, tasks) order, that holds one."""
 
     def __init__(self, candidates: list[Slot]):
         self.candidates = candidates
-        self.members: dict = {}  # gpu type key → {free count → set of slot names}
-        self.heaps: dict = {}  # gpu type key → {free count → heap of (tasks, name, version)}
-        self.where: dict = {}  # (gpu type key, slot name) → its free count bucket
-        self.version: dict[str, int] = {}
         self.by_name = {s.name: s for s in candidates}
-        self.counts: dict = {}  # gpu type key → its buckets' free counts, sorted (buckets are never removed)
+        names = sorted(self.by_name)
+        self.rank = {n: r for r, n in enumerate(names)}  # a machine's place in name order
+        self.slot_of = [self.by_name[n] for n in names]  # rank → its Slot
+        self.where: dict = {}  # gpu type key → {rank → its (free, tasks) bucket}; absent: not available
+        self.members: dict = {}  # gpu type key → {free count → names of the machines with that many}
+        self.heaps: dict = {}  # gpu type key → {(free, tasks) → heap of ranks}
+        self.order: dict = {}  # gpu type key → its buckets, sorted (a new bucket sorts them again)
 
     def _built(self, key: str | None) -> None:
         if key in self.members:
             return
-        self.members[key], self.heaps[key] = {}, {}
-        for s in self.candidates:
-            self._add(key, s)
+        where: dict = {}
+        members: dict = {}
+        heaps: dict = {}
+        self.where[key], self.members[key], self.heaps[key] = where, members, heaps
+        for r, s in enumerate(self.slot_of):
+            if s.available():
+                f = s.free_count(key)
+                where[r] = b = (f, s.tasks)
+                members.setdefault(f, set()).add(s.name)
+                heaps.setdefault(b, []).append(r)  # ranks ascending: each list is a heap already
+        self.order[key] = sorted(heaps)
 
-    def _add(self, key, s: Slot, available: bool | None = None) -> None:
-        if not (s.available() if available is None else available):
+    def _move(self, key, r: int, s: Slot, available: bool) -> None:
+        """Machine ``r`` (``s``) to the bucket its room puts it in now, for GPU type ``key``."""
+        where, members = self.where[key], self.members[key]
+        old = where.get(r)
+        if not available:
+            if old is not None:
+                del where[r]
+                members[old[0]].discard(s.name)
             return
-        f = s.free_count(key)
-        members = self.members[key].get(f)
-        if members is None:
-            members = self.members[key][f] = set()
-            self.heaps[key][f] = []
-            self.counts.pop(key, None)  # a new bucket: best() sorts them again
-        members.add(s.name)
-        heapq.heappush(self.heaps[key][f], (s.tasks, s.name, self.version.get(s.name, 0)))
-        self.where[(key, s.name)] = f
+        f = s._counts.get(key)  # free_count(key), the key lower case already
+        if f is None:
+            f = s.free_count(key)
+        b = (f, s.tasks)
+        if b == old:
+            return
+        if old is None or old[0] != f:
+            if old is not None:
+                members[old[0]].discard(s.name)
+            names = members.get(f)
+            if names is None:
+                names = members[f] = set()
+            names.add(s.name)
+        where[r] = b
+        heap = self.heaps[key].get(b)
+        if heap is None:
+            heap = self.heaps[key][b] = []
+            self.order[key] = sorted(self.heaps[key])
+        heapq.heappush(heap, r)
 
     def best(self, gpu_type: str | None, count: int) -> Slot | None:
         key = gpu_type.lower() if gpu_type else None
-        self._built(key)
-        members, heaps, version, where = self.members[key], self.heaps[key], self.version, self.where
-        counts = self.counts.get(key)
-        if counts is None:
-            counts = self.counts[key] = sorted(members)
-        found = None
-        for f in counts:  # a bucket per free count: a handful
-            if f < count or not members[f]:
+        if key not in self.members:
+            self._built(key)
+        where, heaps, pop = self.where[key], self.heaps[key], heapq.heappop
+        found = None  # (tasks, rank) of the best so far
+        for b in self.order[key]:  # (free, tasks) ascending: a handful
+            if found is not None:
+                if count:
+                    break  # with GPUs, the first bucket that holds a machine has the best
+                if b[1] > found[0]:
+                    continue  # without: the fewest tasks in any bucket, then the name
+            if b[0] < count:
                 continue
-            heap = heaps[f]
+            heap = heaps[b]
             while heap:
-                tasks, name, ver = heap[0]
-                if ver != version.get(name, 0) or where.get((key, name)) != f:
-                    heapq.heappop(heap)  # an entry from before the machine last changed
+                r = heap[0]
+                if where.get(r) != b:
+                    pop(heap)  # left this bucket since
                     continue
-                cand = (tasks, name)
-                if found is None or cand < found[0]:
-                    found = (cand, self.by_name[name])
+                if found is None or (b[1], r) < found:
+                    found = (b[1], r)
                 break
-            if found is not None and count:
-                break  # with GPUs, the fewest left free wins first
-        return found[1] if found is not None else None
+        return self.slot_of[found[1]] if found is not None else None
 
     def fitting(self, gpu_type: str | None, count: int) -> int:
         key = gpu_type.lower() if gpu_type else None
-        self._built(key)
+        if key not in self.members:
+            self._built(key)
         return sum([len(names) for f, names in self.members[key].items() if f >= count])
 
     def fitting_names(self, gpu_type: str | None, count: int) -> list[str]:
@@ -257,14 +300,10 @@ class RoomIndex:
         return sorted(n for f, names in self.members[key].items() if f >= count for n in names)
 
     def changed(self, s: Slot) -> None:
-        name, where = s.name, self.where
-        self.version[name] = self.version.get(name, 0) + 1
+        r = self.rank[s.name]
         available = s.available()  # the same for every GPU type: asked once
-        for key, buckets in self.members.items():
-            old = where.pop((key, name), None)
-            if old is not None:
-                buckets[old].discard(name)
-            self._add(key, s, available)
+        for key in self.members:
+            self._move(key, r, s, available)
 
 
 def _candidates(slots: dict[str, Slot], placement: str, target: str | None, cache: dict | None = None) -> list[Slot]:

@@ -12,8 +12,10 @@ pure (the plan, the observed world and the desired state in, sentences out).
 
 from __future__ import annotations
 
+import hashlib
+
 from reconciler.core.actions import Action
-from reconciler.core.identity import parse
+from reconciler.core.identity import split
 from reconciler.core.names import LOCAL
 from reconciler.core.observed import ObservedWorld
 from reconciler.core.plan import Plan
@@ -36,20 +38,68 @@ def logins(desired: DesiredState) -> dict[str, str]:
 
 
 def shared_login_warnings(desired: DesiredState, world: ObservedWorld, plan: Plan) -> list[str]:
-    """One warning per login that runs of more than one team hold (live, or launched by this plan)."""
+    """One warning per login that runs of more than one team hold (live, or launched by this plan).
+
+    The sentences depend only on who is placed where, the logins and the runs' teams: when those
+    are what the last call saw (the same placements, logins and spec file contents), its sentences
+    are the answer, without reading every run's labels again (a steady pass over a large fleet)."""
     label = desired.policy.spec.teamLabel if desired.policy is not None else "team"
-    placed: dict[str, set[str]] = {}  # machine → run names live or launched there
+    placed = _placed(world, plan)
+    known = logins(desired) if placed else {}
+    teams = _teams_key(desired, placed)
+    last = _last[0]
+    if teams is not None and last is not None and last[:4] == (label, teams, known, placed):
+        return list(last[4])
+    out = _warnings(desired, placed, label, known)
+    _last[0] = (label, teams, known, placed, tuple(out)) if teams is not None else None
+    return out
+
+
+# The last call's (team label, its runs' contents, logins, placements, sentences): one, and of
+# values only, so that it holds no spec record or model alive (engine/rehome.py counts on that).
+_last: list = [None]
+
+
+def _teams_key(desired: DesiredState, placed: dict[str, set[str]]) -> bytes | None:
+    """A digest of each placed run's name and spec file content (its team is read from those
+    bytes); None when a run has no file (made in memory, not loaded)."""
+    runs = desired.runs
+    shas = []
+    for names in placed.values():
+        for name in names:
+            entry = runs.get(name)
+            if entry is None:
+                shas.append(name + "=-")
+                continue
+            f = entry.file
+            if f is None:
+                return None
+            shas.append(name + "=" + f.sha)
+    return hashlib.blake2b("\0".join(shas).encode(), digest_size=16).digest()
+
+
+def _placed(world: ObservedWorld, plan: Plan) -> dict[str, set[str]]:
+    """Machine → the names of the runs live there or launched there by ``plan``."""
+    placed: dict[str, set[str]] = {}
     for m in world.machines.values():
+        here = None
         for r in m.runs.values():
-            p = parse(r.identity)
-            if p is not None and r.alive:
-                placed.setdefault(m.name, set()).add(p.name)
+            if r.state != "running":  # ObservedRun.alive, without the property's call
+                continue
+            p = split(r.identity)[0]
+            if p is not None:
+                if here is None:
+                    here = placed.setdefault(m.name, set())
+                here.add(p.name)
     for c in plan.changes:
         if c.action in (Action.LAUNCH, Action.RELAUNCH):
             for machine in [n.machine for n in c.nodes] or [c.machine]:
                 if machine:
                     placed.setdefault(machine, set()).add(c.name)
-    known = logins(desired) if placed else {}
+    return placed
+
+
+def _warnings(desired: DesiredState, placed: dict[str, set[str]], label: str, known: dict[str, str]) -> list[str]:
     shared: dict[str, dict[str, set[str]]] = {}  # login → team → runs
     machines_of: dict[str, set[str]] = {}
     for machine, names in placed.items():

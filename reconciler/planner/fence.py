@@ -30,11 +30,14 @@ from .capacity import _candidates
 STARTS = (Action.LAUNCH, Action.RELAUNCH, Action.PROVISION)
 
 
-def fence_other_attempts(plan: Plan, world: ObservedWorld, protected: set[str]) -> None:
+def fence_other_attempts(plan: Plan, world: ObservedWorld, protected: set[str],
+                         observed: set[str] | None = None) -> None:
     """Add to each run's own change a stop of every live process of its attempts other than the
-    one it keeps running. ``protected``: runs whose spec is invalid (nothing of theirs is touched)."""
+    one it keeps running. ``protected``: runs whose spec is invalid (nothing of theirs is touched).
+    ``observed``: the runs with an instance in sight (PlanBook.observed), when known: a run
+    without one has nothing to stop, so its change is passed over without asking the world."""
     for c in plan.changes:
-        if c.phase is None or c.name in protected:
+        if c.phase is None or c.name in protected or (observed is not None and c.name not in observed):
             continue
         extra = _to_stop(c, world.instances(c.name))
         if extra:
@@ -52,6 +55,8 @@ def hold_for_unreachable(plan: Plan, world: ObservedWorld, previous: dict[str, R
     first, as any other) or until the unreachable grace has passed (it is declared lost, and fenced
     when its machine is back). A lost machine's own run waits this way already (lifecycle); this
     holds every other start: a changed spec, a restart after a stop, a relaunch elsewhere."""
+    if all(m.reachable for m in world.machines.values()):
+        return  # nothing is held for a machine that answers: the changes need not be read
     for c in plan.changes:
         prev = previous.get(c.name)
         if c.phase is None or c.action not in STARTS or prev is None or prev.handle is None:

@@ -33,16 +33,16 @@ def _saves(plan: Plan, world: ObservedWorld) -> list[Change]:
 
 def _accounted(plan: Plan) -> set[str]:
     """Identities some change of the plan already deals with."""
-    covered: set[str] = set()
-    for c in plan.changes:
-        if c.kill:  # most changes stop nothing: no generator made for them
-            covered.update(k.identity for k in c.kill)
-        if c.cleanup:
-            covered.update(k.identity for k in c.cleanup)
+    changes = plan.changes
+    covered = {c.identity for c in changes}  # every change names one (or None, or "": taken out below)
+    covered.discard(None)
+    covered.discard("")
+    # Most changes stop, clean and collect nothing: those that do are picked out in one sweep.
+    for c in [c for c in changes if c.kill or c.cleanup or c.collect_first is not None]:
+        covered.update(k.identity for k in c.kill)
+        covered.update(k.identity for k in c.cleanup)
         if c.collect_first is not None:
             covered.add(c.collect_first.identity)
-        if c.identity:
-            covered.add(c.identity)
     return covered
 
 
@@ -64,7 +64,7 @@ def _fences(world: ObservedWorld, protected: set[str], covered: set[str], known:
     never reported by the probe, so never touched."""
     out = []
     for m in world.machines.values():
-        if not m.reachable:
+        if not m.reachable or not m.runs:
             continue
         for ident, r in sorted(m.runs.items()):
             if (r.alive or r.lingering) and ident not in covered and _attempt(ident) not in covered:
@@ -105,7 +105,7 @@ def _leftovers(plan: Plan, world: ObservedWorld, protected: set[str], known: set
     current_gen = None  # run → its current generation, gathered from the plan once a leftover needs it
     out = []
     for m in world.machines.values():
-        if not m.reachable:
+        if not m.reachable or not m.runs:
             continue
         for ident, r in sorted(m.runs.items()):
             if (r.alive or r.lingering or r.collected or r.state == "unknown" or ident in covered

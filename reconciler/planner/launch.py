@@ -10,13 +10,13 @@ from __future__ import annotations
 from reconciler.core.actions import Action
 from reconciler.core.identity import make
 from reconciler.core.names import slurm_machine
-from reconciler.core.plan import Change, Kill
+from reconciler.core.plan import Change, Kill, bulk_change
 from reconciler.core.runstatus import RunStatus
 from reconciler.spec.load import DesiredState, RunEntry
 from reconciler.spec.resolve import effective
 
 from .book import PlanBook
-from .placement import _launch_action, _place
+from .placement import _launch_action, _place, _place_plain
 from .quota import _offer_gpus
 from .rentals import place_rental
 
@@ -63,6 +63,46 @@ def launch(name: str, entry: RunEntry, prev: RunStatus | None, desired: DesiredS
         out = place_rental(book, name, entry, eff, prev, ident, action, code, why, stale, nbase, resume_from)
     else:
         out = _place(name, entry, desired, book.slots, ident, code, why, stale, nbase, resume_from, book, eff)
+    c = out[-1]
+    if quotas is not None and c.action in STARTS:
+        _count(quotas, desired, name, c, wanted_gpus)
+    return out
+
+
+def new_run(name: str, entry: RunEntry, desired: DesiredState, book: PlanBook, missing: list[str]) -> list[Change]:
+    """The launch of a new run, as lifecycle.new_run gives it (generation 1, attempt 1, nothing
+    stale, no earlier attempt to resume), with the layers between taken out for the bulk of a
+    queue: a plain request of a shape this plan has already placed on owned machines (its
+    ``placement.Shape`` has a room index; a Shape exists only for a template placed there) goes
+    from the quota check straight to ``_place_plain``, the same steps ``launch`` and ``_place``
+    take for it. Every other run, and the first of each shape, takes ``launch``."""
+    read = book.reads.get(name)  # the spec as PlanBook.read_runs read it: its models are not touched again
+    if read is None:
+        return launch(name, entry, None, desired, book, missing, [], {
+            "generation": 1, "attempt": 1, "spec_digest": entry.digest, "spec_path": entry.rel}, 1, 1, "NewRun",
+            "new run")
+    _, _, digest, rel, near, eff = read
+    base = {"generation": 1, "attempt": 1, "spec_digest": digest, "spec_path": rel}
+    if eff is None:
+        eff = book.effective(entry)
+    shape = book.shapes.get(id(eff))
+    if (missing or near or shape is None or shape.eff is not eff or shape.index is None or shape.gang
+            or shape.constrained or not shape.candidates or book.ruled_out.get(name)):
+        return launch(name, entry, None, desired, book, missing, [], base, 1, 1, "NewRun", "new run")
+    ident = f"{name}-g1-a1"  # identity.make(name, 1, 1), without its tuple (tests/planner/test_bulk_change.py)
+    quotas, wanted_gpus = book.quotas, shape.wanted_gpus
+    if quotas is not None:
+        over = quotas.exceeded(name, wanted_gpus)
+        if over:
+            return [bulk_change(name, Action.WAIT, "QuotaExceeded", over, "Pending", base, ident, None, None, [], [],
+                                60.0, None, [])]
+    known = book.no_room.get(shape.memo_key)
+    if known is not None and not shape.fallback and not book.preempts:
+        # The wait _place_plain gives a request that found no room before (most of a long queue).
+        return [bulk_change(name, Action.WAIT, "NoCapacity", known[1], "Pending", base, ident, None, None, [], [],
+                            30.0, None, list(known[0]))]
+    out = _place_plain(name, entry, desired, shape, shape.candidates, ident, Action.LAUNCH, "NewRun", "new run", [],
+                       base, None, book)
     c = out[-1]
     if quotas is not None and c.action in STARTS:
         _count(quotas, desired, name, c, wanted_gpus)

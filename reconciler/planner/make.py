@@ -47,7 +47,8 @@ from .capacity import _slots
 from .fence import fence_other_attempts, hold_for_unreachable
 from .gangs import expand_gangs
 from .housekeeping import _accounted, _fences, _leftovers, _saves
-from .lifecycle import _running, new_run
+from .launch import new_run
+from .lifecycle import _running
 from .quota import Quotas, placement_order
 from .rentals import sweep
 from .stop import _invalid, _preempted, _stop
@@ -104,27 +105,29 @@ def _make_plan(desired, world, previous, now, settings, settled, missing_secrets
     # Runs already holding a slot keep it; launches are placed by priority (then first come, first
     # served, with a Policy; then by name), and the plan lists every run in name order.
     changes, runs, preempted = plan.changes, desired.runs, book.preempted  # read for every run
-    # A new run (no status, nothing observed) while every machine answers is lifecycle.new_run:
-    # its launch, called without the general walk (the bulk of a queue).
-    all_answer, instances = not book.any_down(), world.instances
-    for name in placement_order(desired, names, previous, book.quotas):
+    # A new run (no status, nothing observed) while every machine answers gets the launch
+    # lifecycle.new_run gives, without the general walk (launch.new_run: the bulk of a queue).
+    all_answer, observed = not book.any_down(), book.observed()[0]
+    book.read_runs(names)  # each spec read once, in name order
+    stopped = book.stopped
+    for name in placement_order(desired, names, previous, book.quotas, book.reads):
         prev = previous.get(name)
         if name in invalid:
             changes.append(_invalid(name, desired.invalid[name], prev, world))
             continue
         entry = runs.get(name)
-        if entry is None or entry.run.spec.desiredState == "Stopped":
+        if entry is None or name in stopped:
             changes.append(_stop(name, entry, prev, world))
             continue
         if name in preempted:
             changes.append(_preempted(name, entry, prev, preempted[name]))
             continue
-        if prev is None and all_answer and not instances(name):
+        if prev is None and all_answer and name not in observed:
             changes.extend(new_run(name, entry, desired, book, missing_secrets.get(name, ())))
             continue
         changes.extend(_running(name, entry, prev, world, desired, settings, now,
                                 missing_secrets.get(name, ()), book))
-    position = {n: i for i, n in enumerate(names)}
+    position = dict(zip(names, range(len(names))))
     last = len(position)
     plan.changes.sort(key=lambda c: position.get(c.name, last))  # stable: a run's own order kept
     by_run = {c.name: c for c in plan.changes if c.phase is not None} if missing_secrets else {}
@@ -136,14 +139,15 @@ def _make_plan(desired, world, previous, now, settings, settled, missing_secrets
             plan.warnings.append(f"{name}: secret(s) {', '.join(secrets)} not set on the reconciler host; "
                                  "its launches wait until they are")
     hold_for_unreachable(plan, world, previous, now, settings.unreachable_grace)
-    fence_other_attempts(plan, world, invalid)
+    fence_other_attempts(plan, world, invalid, observed)
     covered = _accounted(plan)
-    known = set(desired.runs) | set(desired.invalid) | set(previous) | settled
+    known = set(names) | settled  # every run of a spec, an invalid spec or a status
     plan.changes.extend(_fences(world, invalid, covered, known, now, settings.orphan_grace, plan.warnings))
     # Fences add only live instances, which _leftovers passes over anyway: the same set serves both.
     plan.changes.extend(_leftovers(plan, world, invalid, known, covered))
     if world.rentals:
         plan.changes.extend(sweep(book, plan, plan.warnings))
         plan.changes.extend(_saves(plan, world))
-    expand_gangs(plan, world)
+    if book.observed()[1]:  # no instance is a node: no change names a gang
+        expand_gangs(plan, world)
     return plan

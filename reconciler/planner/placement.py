@@ -5,7 +5,7 @@ machine by machine, and what happens when none has room (preemption, a rental, o
 from __future__ import annotations
 
 from reconciler.core.actions import Action
-from reconciler.core.plan import Change
+from reconciler.core.plan import Change, bulk_change
 
 from .capacity import SHOWN, RoomIndex, Slot, _candidates, _judge, _shown
 from .gangs import _place_gang
@@ -27,10 +27,13 @@ class Shape:
     once per plan: 10,000 queued runs are mostly a handful of shapes, so the per-run work is a
     look-up rather than reading the spec models again."""
 
-    __slots__ = ("eff", "candidates", "index", "fallback", "gang", "wanted", "constrained", "memo_key")
+    __slots__ = ("eff", "candidates", "index", "fallback", "gang", "wanted", "constrained", "memo_key", "gpu_type",
+                 "gpu_count", "wanted_gpus")
 
     def __init__(self, eff, template, book):
         res = eff.resources
+        self.gpu_type, self.gpu_count = res.gpu_type, res.gpu_count
+        self.wanted_gpus = res.gpu_count * res.nodes  # what a launch counts against the team's quota
         self.eff = eff  # an Effective belongs to one template (its memo key names it)
         self.candidates = _candidates(book.slots, eff.placement, eff.target, book.candidates)
         self.fallback = template.placement.fallback == "rental"
@@ -74,26 +77,35 @@ def _place(name, entry, desired, slots, ident, code, why, stale, base, resume_fr
         same = shape if not (spec.affinity or spec.antiAffinity or ruled) else None
         return _place_constrained(name, eff, candidates, res, shape.wanted, ident, action, code, why, stale, base,
                                   resume_from, fallback, entry, book, same)
+    return _place_plain(name, entry, desired, shape, candidates, ident, action, code, why, stale, base,
+                        resume_from, book)
+
+
+def _place_plain(name, entry, desired, shape: Shape, candidates, ident, action, code, why, stale, base,
+                 resume_from, book) -> list[Change]:
+    """A plain request (one machine, a GPU count of one model, no selector, affinity or ruled-out
+    machine): the room index's best machine, else the kept reason there is none."""
     # Within one plan capacity only shrinks: once a request found no room among these candidates,
     # the same request finds none again (10,000 waiting runs must not each judge every machine).
     known = book.no_room.get(shape.memo_key)
     if known is None:
-        slot = shape.index.best(res.gpu_type, res.gpu_count)
+        slot = shape.index.best(shape.gpu_type, shape.gpu_count)
         if slot is not None:
-            return [_chosen(name, eff, res, slot, shape.index, candidates, ident, action, code, why, stale, base,
-                            resume_from, book)]
-        known = book.no_room[shape.memo_key] = _no_room(candidates, res, none_fit=True)
+            return [_chosen(name, shape, slot, candidates, ident, action, code, why, stale, base, resume_from,
+                            book)]
+        known = book.no_room[shape.memo_key] = _no_room(candidates, shape.eff.resources, none_fit=True)
     rejected, reason = known
-    if not fallback:
-        pre = _preempt(name, entry, desired, candidates, res, ident, stale, base, book) if book.preempts else None
+    if not shape.fallback:
+        pre = (_preempt(name, entry, desired, candidates, shape.eff.resources, ident, stale, base, book)
+               if book.preempts else None)
         if pre is not None:
             pre.considered = rejected + pre.considered
             return [pre]
         # The explanation is the same for every run of this request: built once, each change its own list.
-        return [Change(name, Action.WAIT, "NoCapacity", reason, "Pending", identity=ident, kill=stale,
-                       retry_after=30.0, considered=list(rejected), **base)]
-    out = place_rental(book, name, entry, eff, book.previous.get(name), ident, action, code, why, stale, base,
-                       resume_from, target_any=True)
+        return [bulk_change(name, Action.WAIT, "NoCapacity", reason, "Pending", base, ident, None, None, [], stale,
+                            30.0, None, list(rejected))]
+    out = place_rental(book, name, entry, shape.eff, book.previous.get(name), ident, action, code, why, stale,
+                       base, resume_from, target_any=True)
     out[-1].considered = rejected + ["owned machines are full: renting"] + out[-1].considered
     return out
 
@@ -120,26 +132,27 @@ def _no_room(candidates: list[Slot], res, none_fit: bool = False) -> tuple[list[
     return rejected, "no capacity: " + "; ".join(rejected)
 
 
-def _chosen(name, eff, res, slot: Slot, index: RoomIndex, candidates: list[Slot], ident, action, code, why,
-            stale, base, resume_from, book) -> Change:
+def _chosen(name, shape: Shape, slot: Slot, candidates: list[Slot], ident, action, code, why, stale, base,
+            resume_from, book) -> Change:
     """The launch on ``slot``, the machine a plain request goes to: its room taken, and the
     explanation (how many others fit, how many have no room)."""
-    fitting = index.fitting(res.gpu_type, res.gpu_count)
-    others = index.fitting_names(res.gpu_type, res.gpu_count) if fitting <= SHOWN + 1 else ()
-    left = slot.free_count(res.gpu_type) - res.gpu_count
-    gpus = slot.take(res.gpu_count, res.gpu_type)
+    index, gpu_type, count = shape.index, shape.gpu_type, shape.gpu_count
+    fitting = index.fitting(gpu_type, count)
+    others = index.fitting_names(gpu_type, count) if fitting <= SHOWN + 1 else ()
+    left = slot.free_count(gpu_type) - count
+    gpus = slot.take(count, gpu_type)
     book.room_changed(slot)
     book.placed_on(slot.name, name)
     considered = [f"{slot.name}: chosen" + (f" (owned; {left} matching GPU(s) left free)"
-                                            if res.gpu_count else f" (owned; {slot.tasks - 1} other task(s))")]
-    considered += [f"{n}: fits, ranked lower" for n in others if n != slot.name]
+                                            if count else f" (owned; {slot.tasks - 1} other task(s))")]
+    if others:
+        considered += [f"{n}: fits, ranked lower" for n in others if n != slot.name]
     if fitting > SHOWN + 1:
         considered.append(f"{fitting - 1} other machine(s) fit, ranked lower")
     if len(candidates) > fitting:
         considered.append(f"{len(candidates) - fitting} machine(s) without room")
-    return Change(name, action, code, why, "Running", identity=ident, machine=slot.name,
-                  backend=eff.backend, gpus=gpus, kill=stale, resume_from=resume_from, considered=considered,
-                  **base)
+    return bulk_change(name, action, code, why, "Running", base, ident, slot.name, shape.eff.backend, gpus, stale,
+                       None, resume_from, considered)
 
 
 def _labels(wanted: dict[str, str]) -> str:

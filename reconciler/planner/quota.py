@@ -34,12 +34,13 @@ def priority_of(desired: DesiredState, entry: RunEntry | None) -> tuple[int, str
 
 
 def placement_order(desired: DesiredState, names: list[str], previous: dict[str, RunStatus],
-                    quotas: "Quotas | None" = None):
+                    quotas: "Quotas | None" = None, reads: dict | None = None):
     """The order runs are placed in. Higher priority first. With a Policy, within one priority
     the team furthest below its share goes next (GPUs held / maxGpus, or / 1 for a team without
     one; fewest first, re-read after each placement), and a team's runs go first come first
     served (the time a run's status first recorded it); then by name. Without a Policy: by
-    name. Deterministic: an iterator that reads ``quotas`` as placements update it."""
+    name. Deterministic: an iterator that reads ``quotas`` as placements update it. ``reads``:
+    each run's priority class and team, read already (PlanBook.read_runs)."""
     def since(name: str) -> str:
         prev = previous.get(name)
         return prev.history[0].time if prev is not None and prev.history else "~"
@@ -49,18 +50,25 @@ def placement_order(desired: DesiredState, names: list[str], previous: dict[str,
     label = desired.policy.spec.teamLabel if desired.policy is not None and quotas is not None else None
     teams = quotas._teams if label is not None else {}  # as quotas.known(name, team) would set, without the call
     runs = desired.runs
+    # Each run's first record, as since() gives it, read here with the rest of the run (the fair
+    # order reads it once per run; without a status a run has none).
+    first = ({name: prev.history[0].time if prev.history else "~" for name in names
+              if (prev := previous.get(name)) is not None} if label is not None and previous else {})
+    reads = reads or {}
     for name in names:
-        entry = runs.get(name)
-        if entry is None:
-            run = wanted = None
-        else:
-            run = entry.run
-            wanted = run.spec.priority
-        if label is not None:  # the team read with the rest of the run: one visit of each spec, not two
-            teams[name] = run.metadata.labels.get(label) if run is not None else None
+        read = reads.get(name)
+        if read is not None:
+            wanted, team = read[0], read[1]
+        else:  # the team read with the rest of the run: one visit of each spec, not two
+            entry = runs.get(name)
+            run = entry.run if entry is not None else None
+            wanted = run.spec.priority if run is not None else None
+            team = run.metadata.labels.get(label) if run is not None and label is not None else None
+        if label is not None:
+            teams[name] = team
         value = values.get(wanted)
         if value is None:
-            value = values[wanted] = priority_of(desired, entry)[0]
+            value = values[wanted] = priority_of(desired, runs.get(name))[0]
         group = groups.get(value)
         if group is None:
             group = groups[value] = []
@@ -68,23 +76,29 @@ def placement_order(desired: DesiredState, names: list[str], previous: dict[str,
     # Chained rather than yielded from: each run passes through one generator, not two. A group's
     # fair order starts only when the chain reaches it, after the groups before have been placed.
     fair = desired.policy is not None and quotas is not None
-    return chain.from_iterable(_fair(groups[value], quotas, since) if fair else sorted(groups[value])
+    return chain.from_iterable(_fair(groups[value], quotas, since, first) if fair else sorted(groups[value])
                                for value in sorted(groups, reverse=True))
 
 
-def _fair(group: list[str], quotas: "Quotas", since) -> Iterator[str]:
+def _fair(group: list[str], quotas: "Quotas", since, known: dict[str, str] | None = None) -> Iterator[str]:
     """One priority's runs, the team furthest below its share next: a heap of the teams by
     (share used, their next run's time, name). A team's key changes only when its usage grows or
     its next run goes, so only those teams are keyed again (marked in ``quotas.changed``); the
     entries keyed before are skipped when they come up, so the choice is the minimum over every
-    team's current key, as a scan of all of them would find."""
+    team's current key, as a scan of all of them would find. ``known``: since(name) of the runs
+    that have one other than "~" (the rest have "~"), when the caller has read them already."""
     queues: dict[str, deque[str]] = {}
-    first = {name: since(name) for name in group}  # read at every re-keying: looked up once
+    if known is None:
+        first = {name: since(name) for name in group}  # read at every re-keying: looked up once
+    else:
+        first = dict.fromkeys(group, "~")
+        first.update((name, known[name]) for name in group if name in known)
     order = sorted(group)
     order.sort(key=first.__getitem__)  # stable: by first record, then by name
-    team_of = quotas.team
+    teams, team_of = quotas._teams, quotas.team
     for name in order:
-        team = team_of(name) or ""
+        team = teams.get(name, _UNKNOWN)  # quotas.team's memo, read without the call
+        team = (team_of(name) if team is _UNKNOWN else team) or ""
         queue = queues.get(team)
         if queue is None:
             queue = queues[team] = deque()
@@ -124,10 +138,16 @@ def _fair(group: list[str], quotas: "Quotas", since) -> Iterator[str]:
         if not queue:
             del queues[team], keys[team]
         elif team not in changed:  # else keyed again at the top, with its new usage
-            held = keys[team] = (usage.get(team, none)[0] / weight[team], first[queue[0]], team)
+            # Its usage is as keyed (a change would have marked it): only its next run's time can
+            # move its key, and a queue of runs with no status all have "~".
+            following = first[queue[0]]
+            if following != key[1]:
+                key = keys[team] = (key[0], following, team)
+            held = key
 
 
 _UNKNOWN = object()  # a run whose team is not looked up yet (None: it has none)
+_NOTHING_USED = (0.0, 0.0)  # a team's usage before it has any (read only)
 
 
 @dataclass
@@ -225,10 +245,10 @@ class Quotas:
         lim = self._limits.get(team) if self._limits else self.limits(team)  # filled by the first look-up
         if lim is None:
             return None
-        used = self.usage.get(team, [0.0, 0.0])
-        if lim.maxGpus is not None and gpus and used[0] + gpus > lim.maxGpus and not self._can_borrow(lim, gpus):
+        used = self.usage.get(team) or _NOTHING_USED
+        if gpus and lim.maxGpus is not None and used[0] + gpus > lim.maxGpus and not self._can_borrow(lim, gpus):
             return f"team {team} holds {used[0]:g} of its maxGpus {lim.maxGpus} GPUs; this run needs {gpus:g} more"
-        if lim.maxPricePerHour is not None and price and used[1] + price > lim.maxPricePerHour + 1e-9:
+        if price and lim.maxPricePerHour is not None and used[1] + price > lim.maxPricePerHour + 1e-9:
             return (f"team {team} rents {used[1]:g}/h of its maxPricePerHour {lim.maxPricePerHour:g}; this run's "
                     f"offer adds {price:g}/h")
         return None

@@ -40,7 +40,7 @@ import time
 
 from .gpus import foreign_gpus
 from .readings import (MAX_TIME, _docker_states, _num, _process_groups, _read, _result, _small_int, carriers,
-                       group_alive)
+                       group_alive, leader_alive)
 from .slurm import _slurm_runs, wants_slurm
 from .stop import finish, terminate
 
@@ -205,10 +205,12 @@ def _walk(base, depth):
             yield from _walk(e.path, depth - 1)
 
 
-def probe(root, names=None, now=None):
+def probe(root, names=None, now=None, only=None):
     """Every interesting workspace under ``root``, judged one by one: whatever one workspace's
     files hold (a job writes them), reading them can fail only that workspace's entry (state
-    ``unknown`` with the reason), never the probe and so never the other runs on the machine."""
+    ``unknown`` with the reason), never the probe and so never the other runs on the machine.
+    ``only``: the run names whose workspaces to judge (None: all); the others are left out as if
+    absent, and the /proc scan is made only if one of those asks for it."""
     now = time.time() if now is None else now
     root = os.path.abspath(os.path.expanduser(root))  # relative roots are under the login's home
     names = set(names or ())
@@ -225,7 +227,7 @@ def probe(root, names=None, now=None):
     pending_slurm = []
     for entry in entries:
         m = IDENTITY.match(entry)
-        if not m:
+        if not m or only is not None and m.group("name") not in only:
             continue
         ws = os.path.join(root, entry)
         try:
@@ -322,9 +324,10 @@ def _workspace(entry, name, ws, names, now, scan):
         pid = _small_int(_read(os.path.join(rt, "pid"), 64))
         if pid is not None and pid > 0:
             run["pid"] = pid
-            if "groups" not in scan:
+            alive = leader_alive(pid, entry)  # the common case, without a scan of every process
+            if not alive and "groups" not in scan:
                 scan["groups"] = _process_groups()
-            run["state"] = "running" if group_alive(pid, entry, scan["groups"]) else "lost"
+            run["state"] = "running" if alive or group_alive(pid, entry, scan["groups"]) else "lost"
         else:
             launched = _read(os.path.join(rt, "launched_at"), 64)
             if launched is None:
@@ -356,9 +359,7 @@ def _live(entry, run, scan):
     A result.json says the wrapper's own child ended, not that everything the attempt started did:
     a worker in a session of its own outlives it, and keeps the attempt alive until it is stopped."""
     if "carriers" not in scan:
-        if "groups" not in scan:
-            scan["groups"] = _process_groups()
-        scan["carriers"] = carriers(scan["groups"], scan.get("root"))
+        scan["carriers"] = carriers(scan.get("groups"), scan.get("root"))
     pids = scan["carriers"].get(entry)
     if pids:
         run["live"] = len(pids)
@@ -450,7 +451,8 @@ def drain_state(path=DRAIN_FILE, machine_path=MACHINE_DRAIN_FILE):
 def dispatch(args):
     op = args.get("op", "probe")
     if op == "probe":
-        report = probe(args.get("root", "."), args.get("names"))
+        only = args.get("only")
+        report = probe(args.get("root", "."), args.get("names"), only=set(only) if only is not None else None)
         try:
             report["drain"] = drain_state()
         except Exception as e:  # noqa: BLE001 - a drain flag that cannot be read still drains

@@ -28,6 +28,26 @@ def _process_groups():
     return groups
 
 
+def pids():
+    """Every pid in /proc, alive or not: a zombie's environment and command line read empty, so
+    whatever looks for a process by them skips it without its ``stat`` being read."""
+    try:
+        return [int(e) for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return []
+
+
+def leader_alive(pgid, identity):
+    """Whether process ``pgid`` itself lives (not a zombie), leads group ``pgid`` and carries
+    ``identity``: then group ``pgid`` has such a member (``group_alive`` is true) without a scan of
+    every process. False says nothing: another member may still carry it."""
+    stat = _read(f"/proc/{pgid}/stat", 4096)
+    if not stat:
+        return False
+    rest = stat[stat.rfind(")") + 2:].split()
+    return len(rest) >= 4 and rest[0] not in ("Z", "X") and rest[2] == str(pgid) and _mentions(pgid, identity)
+
+
 def process_table():
     """pid → (pgid, session) of every live (non-zombie) process, from one scan of /proc."""
     table = {}
@@ -98,7 +118,8 @@ def _same_place(a, b):
 def carriers(groups=None, root=None):
     """identity → live pids (at most MAX_CARRIERS each) of every process carrying a run identity,
     in any session or process group: what a process that left its group (``setsid``) still shares
-    with the attempt that started it. One scan; ``groups``: a /proc scan to reuse.
+    with the attempt that started it. One scan; ``groups``: a /proc scan to reuse (without one,
+    the pids are listed and only their environments read: a zombie's reads empty).
 
     ``root``: only the processes whose workspace is ``root/<identity>``. An identity is the run's
     name, generation and attempt, and another repository (another namespace, another workspace
@@ -106,8 +127,8 @@ def carriers(groups=None, root=None):
     must never be counted or stopped as if they were."""
     me = os.getpid()
     out = {}
-    for pids in (_process_groups() if groups is None else groups).values():
-        for pid in pids:
+    for members in ([pids()] if groups is None else groups.values()):
+        for pid in members:
             if pid == me:
                 continue
             found = _carried(pid)

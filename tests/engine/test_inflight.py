@@ -50,6 +50,8 @@ def test_the_journal_records_until_answered_and_expires_by_its_deadline(tmp_path
     fresh.issue("b", "lab-1", "b-g1-a1", now=101.0)
     fresh.answered("b", "lab-1", "b-g1-a1")
     assert not_after == 102.5
+    assert list(Journal(cfg).holds(102.0)[0]) == ["a", "b"]  # an answer is written with the next write
+    fresh.flush()  # (the pass's end)
     # The next process on this checkout knows exactly what to hold, and until when.
     after = Journal(cfg)
     assert after.proven
@@ -182,3 +184,36 @@ def test_a_pass_killed_after_the_final_collection_never_loses_the_success(tmp_pa
         change = [c for c in rec.run_pass().plan.changes if c.code == "EndRecorded"]
         assert [c.identity for c in change] == ["done-g1-a1"]
         assert not ws.exists()
+
+
+def test_launches_issued_at_once_share_writes_and_each_is_on_disk_when_issued(tmp_path):
+    import threading
+
+    cfg = config.load(str(tmp_path), flags=FAST)
+    j = Journal(cfg)
+    j.begin(time.time(), history=False)
+    writes = []
+    real = j._write
+    j._write = lambda doc: (writes.append(len(doc["launches"])), time.sleep(0.01), real(doc))
+    missing: list[str] = []
+    go = threading.Barrier(8)
+
+    def launch(k: int) -> None:
+        go.wait()
+        j.issue(f"r{k}", "local", f"r{k}-g1-a1")
+        on_disk = json.loads((tmp_path / ".reconciler" / FILE).read_text())["launches"]
+        if f"r{k}-g1-a1" not in {e["identity"] for e in on_disk}:
+            missing.append(f"r{k}")
+
+    threads = [threading.Thread(target=launch, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert missing == [] and len(writes) < 8  # every entry on disk before its launch; fewer writes than launches
+    for k in range(8):
+        j.answered(f"r{k}", "local", f"r{k}-g1-a1")
+    n = len(writes)
+    j.flush()
+    j.flush()
+    assert len(writes) == n + 1 and Journal(cfg).entries == {}  # the answers: one write

@@ -74,3 +74,25 @@ def test_a_cache_gone_before_it_is_read_back_costs_a_full_pass_only(tmp_path, ws
     assert not res.written and res.commit is None and not rec._rehome  # and not tried again
     fresh = reconciler(repo, ws_root).run_pass(dry_run=True, now=2_000_000_000.0)
     assert _acting(dumps(res.plan)) == _acting(dumps(fresh.plan))
+
+
+def test_nothing_of_the_large_pass_outlives_the_read_back(tmp_path, ws_root, monkeypatch):
+    # A long-lived reconciler also keeps what the pass compares edits with (engine/focus.py): every
+    # run's digest, the very strings of the first pass's records, which would pin their memory.
+    from reconciler.core import config as configs
+    from reconciler.engine.loop import Reconciler
+
+    monkeypatch.setattr(rehome, "REHOME_AFTER", 5)
+    repo = _tree(tmp_path)
+    cfg = configs.load(str(repo), flags={"workspace_root": str(ws_root), "namespace": "test"})
+    rec = Reconciler(cfg, keep_connections=True)
+    try:
+        rec.run_pass()
+        held = [f.digest for f in rec.cache.files() if f.ok]  # held here: their ids stay theirs
+        first = {id(d) for d in held}
+        assert rec.focus.runs and {id(d) for d in rec.focus.runs.values()} & first
+        rec.run_pass(now=2_000_000_000.0)  # read back, then compared again
+        assert rec.focus.runs and not {id(d) for d in rec.focus.runs.values()} & first
+        assert set(rec.focus.runs) == {f"r{i}" for i in range(8)} | {"bad"}
+    finally:
+        rec.close()

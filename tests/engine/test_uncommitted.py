@@ -44,3 +44,26 @@ def test_an_edit_of_a_running_run_waits_for_its_commit_and_the_old_one_keeps_run
     (repo / "specs/runs/a.yaml").write_text(run_spec("a", ["true"], desired="Stopped"))
     commit_all(repo, "stop")
     rec.run_pass()
+
+
+def test_git_is_asked_once_per_change_on_a_thread_started_right_after_the_load(tmp_path):
+    import threading
+
+    from reconciler.engine.uncommitted import Uncommitted, uncommitted_specs
+
+    repo = make_repo(tmp_path / "repo", {"a": run_spec("a", ["true"])})
+    gitrepo = git.Repo(repo)
+    u = Uncommitted()
+    assert u.specs(gitrepo, True, []) == set() and u.asked == 1
+    (repo / "specs/runs/b.yaml").write_text(run_spec("b", ["true"]))
+    ignores: list = []
+    before = {t.ident for t in threading.enumerate()}
+    u.prefetch(gitrepo, True, ignores)
+    asking = [t for t in threading.enumerate() if t.ident not in before and t.name == "git-status"]
+    assert len(asking) == 1  # on its own thread, while the pass observes
+    assert u.specs(gitrepo, True, ignores) == {"specs/runs/b.yaml"} == uncommitted_specs(repo) and u.asked == 2
+    u.prefetch(gitrepo, True, [])  # another load's (another list): its answer is not taken for this one
+    (repo / "specs/runs/c.yaml").write_text(run_spec("c", ["true"]))
+    assert u.specs(gitrepo, True, ignores) == {"specs/runs/b.yaml", "specs/runs/c.yaml"} and u.asked == 3
+    u.prefetch(gitrepo, False, ignores)  # nothing it depends on moved: git is not asked at all
+    assert u.specs(gitrepo, False, ignores) == {"specs/runs/b.yaml", "specs/runs/c.yaml"} and u.asked == 3

@@ -1,0 +1,68 @@
+"""The probe's cheaper looks: a group known alive by its leader without a scan of every process,
+the processes carrying an identity found without reading every ``stat``, and a probe of a few
+runs' workspaces only (runtime/readings.py, runtime/probe.py). Real processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from reconciler.runtime import probe, readings
+from tests.repo_helpers import wait_for
+
+
+def _start(ws, identity: str, new_session: bool = True) -> subprocess.Popen:
+    env = {"PATH": os.environ["PATH"], "RECONCILER_IDENTITY": identity, "RECONCILER_BUNDLE": str(ws)}
+    return subprocess.Popen(["sleep", "300"], env=env, start_new_session=new_session)
+
+
+def _workspace(root, identity: str, pid: int) -> None:
+    rt = root / identity / "runtime"
+    rt.mkdir(parents=True)
+    (rt / "pid").write_text(f"{pid}\n")
+
+
+def test_a_leader_that_lives_and_carries_the_identity_proves_its_group_alive(tmp_path):
+    leader = _start(tmp_path / "x-g1-a1", "x-g1-a1")
+    member = _start(tmp_path / "x-g1-a1", "x-g1-a1", new_session=False)  # in the test's own group
+    try:
+        assert readings.leader_alive(leader.pid, "x-g1-a1")
+        assert readings.group_alive(leader.pid, "x-g1-a1")
+        assert not readings.leader_alive(leader.pid, "y-g1-a1")  # a recycled pid: another identity
+        assert not readings.leader_alive(member.pid, "x-g1-a1")  # alive, but leads no group of its own
+    finally:
+        leader.kill()
+        member.kill()
+    leader.wait()  # reaped: gone
+    member.wait()
+    assert not readings.leader_alive(leader.pid, "x-g1-a1")
+
+
+def test_carriers_without_a_scan_of_every_stat_find_the_same_processes(tmp_path):
+    p = _start(tmp_path / "c-g1-a1", "c-g1-a1")
+    try:
+        wait_for(lambda: readings.carriers(None, str(tmp_path)).get("c-g1-a1"), what="the carrier")
+        assert readings.carriers(None, str(tmp_path)) == readings.carriers(readings._process_groups(),
+                                                                           str(tmp_path)) == {"c-g1-a1": [p.pid]}
+    finally:
+        p.kill()
+        p.wait()
+    assert readings.carriers(None, str(tmp_path)) == {}
+
+
+def test_a_probe_of_some_runs_judges_only_their_workspaces(tmp_path):
+    a, b = _start(tmp_path / "a-g1-a1", "a-g1-a1"), _start(tmp_path / "b-g1-a1", "b-g1-a1")
+    try:
+        _workspace(tmp_path, "a-g1-a1", a.pid)
+        _workspace(tmp_path, "b-g1-a1", b.pid)
+        every = probe.probe(str(tmp_path), ["a", "b"])["runs"]
+        some = probe.probe(str(tmp_path), ["a", "b"], only={"a"})["runs"]
+        assert set(every) == {"a-g1-a1", "b-g1-a1"} and set(some) == {"a-g1-a1"}
+        assert some["a-g1-a1"] == every["a-g1-a1"]  # judged as a full probe judges it
+        assert some["a-g1-a1"]["state"] == "running" and some["a-g1-a1"]["live"] == 1
+        assert probe.probe(str(tmp_path), ["a", "b"], only=set())["runs"] == {}
+    finally:
+        a.kill()
+        b.kill()
+        a.wait()
+        b.wait()
