@@ -125,6 +125,7 @@ class ObservedWorld:
     first_seen: dict[str, float] = field(default_factory=dict)
     _by_name: dict[str, list[ObservedRun]] | None = field(default=None, repr=False, compare=False)
     _by_identity: dict[str, ObservedRun] | None = field(default=None, repr=False, compare=False)
+    _has_nodes: bool = field(default=False, repr=False, compare=False)
 
     def _index(self) -> None:
         # Built once, on first lookup, after observation has filled the machines: planning
@@ -142,6 +143,7 @@ class ObservedWorld:
                     gangs.setdefault(str(p), []).append(r)
                 else:
                     by_name.setdefault(p.name, []).append(r)
+        self._has_nodes = bool(gangs)
         for base, parts in gangs.items():
             gang = fold_gang(base, parts, self.machines)
             by_identity[base] = gang
@@ -155,6 +157,19 @@ class ObservedWorld:
         if self._by_identity is None:
             self._index()
         return self._by_identity.get(identity)
+
+    def names(self):
+        """The runs with an instance in sight (those ``instances`` finds something for), as a
+        set-like view: asked for every run of a plan, answered by the index."""
+        if self._by_name is None:
+            self._index()
+        return self._by_name.keys()
+
+    def has_nodes(self) -> bool:
+        """Whether any instance in sight is a node of a run on several machines."""
+        if self._by_name is None:
+            self._index()
+        return self._has_nodes
 
     def instances(self, name: str) -> list[ObservedRun]:
         """Every observed instance of a run, any generation or attempt."""

@@ -54,13 +54,6 @@ class State:
         self.transport = None
 
 
-def state(rec) -> State:
-    s = rec.__dict__.get("focus")
-    if s is None:
-        s = rec.focus = State()
-    return s
-
-
 def _runs(desired) -> dict[str, str]:
     runs = {name: e.digest for name, e in desired.runs.items()}
     runs.update((name, "invalid: " + why) for name, why in desired.invalid.items())
@@ -94,7 +87,7 @@ def begin(rec, desired, previous: dict, pool) -> None:
     pass may focus, the runs to look at afresh."""
     if rec.connections is None:  # a process of its own (--once) looks at everything, and keeps nothing
         return
-    s = state(rec)
+    s = rec.focus
     s.focus, s.transport = None, None
     focus = changed(s, desired, rec.cache.tree_changed)
     t = pool.get(LOCAL)
@@ -113,7 +106,7 @@ def begin(rec, desired, previous: dict, pool) -> None:
 def observed(rec) -> frozenset[str] | None:
     """The runs the pass's observation looked at afresh: its focus, and the runs whose kept
     entries it found moved (None: it looked at everything)."""
-    s = state(rec)
+    s = rec.focus
     if s.focus is not None:
         s.focus = s.transport.focus if s.transport is not None else None
     return s.focus
@@ -129,13 +122,11 @@ def note(rec) -> None:
 def widen(rec, plan) -> bool:
     """Whether a focused pass planned to act on a run outside its focus: it must then look at
     this machine in full and plan again. Sets the transport to do so."""
-    if rec.__dict__.get("focus") is None:
-        return False
     focus = observed(rec)
     if focus is None or not any(c.mutates and c.name not in focus for c in plan.changes):
         note(rec)
         return False
-    s = state(rec)
+    s = rec.focus
     s.focus = None
     s.transport.focus = None
     return True
@@ -144,9 +135,7 @@ def widen(rec, plan) -> bool:
 def after_apply(rec, plan) -> None:
     """A pass that acted on this machine probes it in full again, so the next focused pass starts
     from a report that shows what this one did (off the path of this pass's launches)."""
-    s = rec.__dict__.get("focus")
-    if s is None:
-        return
+    s = rec.focus
     t, s.transport = s.transport, None
     if t is None or not any(c.mutates for c in plan.changes):
         return

@@ -91,6 +91,7 @@ class Reconciler:
         self._dirty: set[str] = set()  # spec files with uncommitted changes, this pass
         self.ledger = Ledger()  # status/README.md and the loss curves, rows kept across passes
         self.parse_memo = ParseMemo()  # run entries a machine repeats are not validated again
+        self.focus = focus.State()  # what a pass woken by an edit looks at afresh (focus.py)
         # Finished runs that nothing has touched since: neither parsed, held nor planned until their
         # spec digest, their status file or the machines' view of them changes (see _settle).
         self.settled: dict[str, Settled] = {}

@@ -71,9 +71,7 @@ def rehome(rec) -> bool:
     rec._saved = None
     # What the last pass compared edits with (focus.py) holds every run's digest: kept, it would
     # pin the pass's arenas as the records did. The next pass then looks at everything.
-    kept = rec.__dict__.get("focus")
-    if kept is not None:
-        kept.runs = kept.context = None
+    rec.focus.runs = rec.focus.context = None
     # The memos of values the pass formatted and parsed (every status's strings, every identity)
     # are as scattered as the records: a daemon whose first pass wrote 10,000 status files stayed
     # at 160 MB with them, 104 MB without. They fill again with what later passes use.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from reconciler.core.identity import parse, split
+from reconciler.core.identity import parse
 from reconciler.core.observed import ObservedRental, ObservedWorld
 from reconciler.core.runstatus import TERMINAL, RunStatus
 from reconciler.spec.load import DesiredState
@@ -55,7 +55,6 @@ class PlanBook:
     # and the Policy does not change within a plan (set in __post_init__).
     preempts: bool = False
     _any_down: bool | None = None  # whether any machine of the world does not answer (asked once per plan)
-    _observed: tuple | None = None  # (names of the runs with an instance in sight, whether one is a gang's node)
     # What the plan reads of each run's spec, read in one pass in name order (read_runs):
     reads: dict = field(default_factory=dict)  # run name → (priority class, team, digest, rel, affinity?, Effective)
     stopped: set = field(default_factory=set)  # runs whose spec says desiredState: Stopped
@@ -66,22 +65,6 @@ class PlanBook:
         if self._any_down is None:
             self._any_down = any(not m.reachable for m in self.world.machines.values())
         return self._any_down
-
-    def observed(self) -> tuple[set[str], bool]:
-        """The runs with an instance on some machine (those for which ``world.instances`` is not
-        empty: every identity that parses, a node's by its run), and whether any instance is a
-        node of a run on several machines. Asked for every run of the plan; one walk of the
-        observed instances answers all of them."""
-        if self._observed is None:
-            names, nodes = set(), False
-            for m in self.world.machines.values():
-                for ident in m.runs:
-                    p, node = split(ident)
-                    if p is not None:
-                        names.add(p.name)
-                        nodes = nodes or node is not None
-            self._observed = (names, nodes)
-        return self._observed
 
     def read_runs(self, names) -> None:
         """Read, for every run of ``names`` that has a spec, what the plan decides it by (its

@@ -243,10 +243,7 @@ class RoomIndex:
                 del where[r]
                 members[old[0]].discard(s.name)
             return
-        f = s._counts.get(key)  # free_count(key), the key lower case already
-        if f is None:
-            f = s.free_count(key)
-        b = (f, s.tasks)
+        b = (f := s.free_count(key), s.tasks)
         if b == old:
             return
         if old is None or old[0] != f:

@@ -30,14 +30,13 @@ from .capacity import _candidates
 STARTS = (Action.LAUNCH, Action.RELAUNCH, Action.PROVISION)
 
 
-def fence_other_attempts(plan: Plan, world: ObservedWorld, protected: set[str],
-                         observed: set[str] | None = None) -> None:
+def fence_other_attempts(plan: Plan, world: ObservedWorld, protected: set[str]) -> None:
     """Add to each run's own change a stop of every live process of its attempts other than the
     one it keeps running. ``protected``: runs whose spec is invalid (nothing of theirs is touched).
-    ``observed``: the runs with an instance in sight (PlanBook.observed), when known: a run
-    without one has nothing to stop, so its change is passed over without asking the world."""
+    A run with no instance in sight has nothing to stop: its change is passed over."""
+    observed = world.names()
     for c in plan.changes:
-        if c.phase is None or c.name in protected or (observed is not None and c.name not in observed):
+        if c.phase is None or c.name in protected or c.name not in observed:
             continue
         extra = _to_stop(c, world.instances(c.name))
         if extra:

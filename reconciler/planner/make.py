@@ -107,7 +107,7 @@ def _make_plan(desired, world, previous, now, settings, settled, missing_secrets
     changes, runs, preempted = plan.changes, desired.runs, book.preempted  # read for every run
     # A new run (no status, nothing observed) while every machine answers gets the launch
     # lifecycle.new_run gives, without the general walk (launch.new_run: the bulk of a queue).
-    all_answer, observed = not book.any_down(), book.observed()[0]
+    all_answer, observed = not book.any_down(), world.names()
     book.read_runs(names)  # each spec read once, in name order
     stopped = book.stopped
     for name in placement_order(desired, names, previous, book.quotas, book.reads):
@@ -139,7 +139,7 @@ def _make_plan(desired, world, previous, now, settings, settled, missing_secrets
             plan.warnings.append(f"{name}: secret(s) {', '.join(secrets)} not set on the reconciler host; "
                                  "its launches wait until they are")
     hold_for_unreachable(plan, world, previous, now, settings.unreachable_grace)
-    fence_other_attempts(plan, world, invalid, observed)
+    fence_other_attempts(plan, world, invalid)
     covered = _accounted(plan)
     known = set(names) | settled  # every run of a spec, an invalid spec or a status
     plan.changes.extend(_fences(world, invalid, covered, known, now, settings.orphan_grace, plan.warnings))
@@ -148,6 +148,6 @@ def _make_plan(desired, world, previous, now, settings, settled, missing_secrets
     if world.rentals:
         plan.changes.extend(sweep(book, plan, plan.warnings))
         plan.changes.extend(_saves(plan, world))
-    if book.observed()[1]:  # no instance is a node: no change names a gang
+    if world.has_nodes():  # else no change names a gang
         expand_gangs(plan, world)
     return plan

@@ -41,19 +41,15 @@ def placement_order(desired: DesiredState, names: list[str], previous: dict[str,
     served (the time a run's status first recorded it); then by name. Without a Policy: by
     name. Deterministic: an iterator that reads ``quotas`` as placements update it. ``reads``:
     each run's priority class and team, read already (PlanBook.read_runs)."""
-    def since(name: str) -> str:
-        prev = previous.get(name)
-        return prev.history[0].time if prev is not None and prev.history else "~"
-
     groups: dict[int, list[str]] = {}
     values: dict = {}  # priority class asked for → its value: a few classes, thousands of runs
     label = desired.policy.spec.teamLabel if desired.policy is not None and quotas is not None else None
     teams = quotas._teams if label is not None else {}  # as quotas.known(name, team) would set, without the call
     runs = desired.runs
-    # Each run's first record, as since() gives it, read here with the rest of the run (the fair
-    # order reads it once per run; without a status a run has none).
+    # When each run's status first recorded it ("~" without one: after every recorded run), for
+    # the fair order; only the runs with a status are listed.
     first = ({name: prev.history[0].time if prev.history else "~" for name in names
-              if (prev := previous.get(name)) is not None} if label is not None and previous else {})
+              if (prev := previous.get(name)) is not None} if label is not None else {})
     reads = reads or {}
     for name in names:
         read = reads.get(name)
@@ -76,23 +72,20 @@ def placement_order(desired: DesiredState, names: list[str], previous: dict[str,
     # Chained rather than yielded from: each run passes through one generator, not two. A group's
     # fair order starts only when the chain reaches it, after the groups before have been placed.
     fair = desired.policy is not None and quotas is not None
-    return chain.from_iterable(_fair(groups[value], quotas, since, first) if fair else sorted(groups[value])
+    return chain.from_iterable(_fair(groups[value], quotas, first) if fair else sorted(groups[value])
                                for value in sorted(groups, reverse=True))
 
 
-def _fair(group: list[str], quotas: "Quotas", since, known: dict[str, str] | None = None) -> Iterator[str]:
+def _fair(group: list[str], quotas: "Quotas", known: dict[str, str]) -> Iterator[str]:
     """One priority's runs, the team furthest below its share next: a heap of the teams by
     (share used, their next run's time, name). A team's key changes only when its usage grows or
     its next run goes, so only those teams are keyed again (marked in ``quotas.changed``); the
     entries keyed before are skipped when they come up, so the choice is the minimum over every
-    team's current key, as a scan of all of them would find. ``known``: since(name) of the runs
-    that have one other than "~" (the rest have "~"), when the caller has read them already."""
+    team's current key, as a scan of all of them would find. ``known``: when the status of each
+    run that has one first recorded it (the others count as "~")."""
     queues: dict[str, deque[str]] = {}
-    if known is None:
-        first = {name: since(name) for name in group}  # read at every re-keying: looked up once
-    else:
-        first = dict.fromkeys(group, "~")
-        first.update((name, known[name]) for name in group if name in known)
+    first = dict.fromkeys(group, "~")  # read at every re-keying: looked up once
+    first.update((name, known[name]) for name in group if name in known)
     order = sorted(group)
     order.sort(key=first.__getitem__)  # stable: by first record, then by name
     teams, team_of = quotas._teams, quotas.team

@@ -77,7 +77,7 @@ def test_a_new_spec_starts_without_a_scan_of_every_process(tmp_path, ws_root, sc
     add(repo, "b")
     result = rec.run_pass()
     assert scans["at_launch"] == 0, "the edit's pass scanned every process before its launch"
-    assert focus.state(rec).focus == {"b"}  # the pass looked afresh at b alone
+    assert rec.focus.focus == {"b"}  # the pass looked afresh at b alone
     assert status_of(repo, "b").phase == "Running" and pgid_of(ws_root, "b-g1-a1")
     assert result.world.find("a-g1-a1").alive  # the other run, from the kept look
     assert scans["n"] >= 1  # the pass acted here: it looked in full again at its end

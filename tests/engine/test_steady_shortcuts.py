@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import os
+import weakref
 from types import SimpleNamespace
 
 import yaml
@@ -93,19 +94,35 @@ def test_the_collector_is_off_during_a_later_pass_and_on_after_it(tmp_path, ws_r
         gc.enable()
 
 
-def test_a_pass_that_worked_collects_its_cycles(monkeypatch):
-    calls: list[str] = []
-    monkeypatch.setattr(gc, "collect", lambda *a: calls.append("collect") or 0)
-    monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
-    monkeypatch.setattr(gc, "unfreeze", lambda: calls.append("unfreeze"))
-    collector.after_pass(2, 10, busy=False)
-    assert calls == ["freeze"]  # a steady pass makes no cycle: nothing to walk
-    calls.clear()
-    collector.after_pass(3, 10, busy=True)
-    assert calls == ["collect", "freeze"]
-    calls.clear()
-    collector.after_pass(collector.FULL_GC_EVERY, 10, busy=False)
-    assert calls == ["unfreeze", "collect", "freeze"]
+class _Node:
+    """An object in a reference cycle: only the cyclic collector frees it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def _cycle() -> weakref.ref:
+    return weakref.ref(_Node())  # the cycle is garbage at once; the weak reference tells when it goes
+
+
+def test_a_pass_that_worked_collects_its_cycles():
+    was = gc.isenabled()
+    gc.disable()  # as during a pass: nothing collects behind the test's back
+    try:
+        idle = _cycle()
+        collector.after_pass(2, 10, busy=False)
+        assert idle() is not None  # a steady pass makes no cycle: nothing walked, what is left frozen
+        worked = _cycle()
+        collector.after_pass(3, 10, busy=True)
+        assert worked() is None
+        assert idle() is not None  # frozen by the pass before: out of the collector's sight
+        collector.after_pass(collector.FULL_GC_EVERY, 10, busy=False)
+        assert idle() is None  # every so many passes everything is looked at, the frozen too
+    finally:
+        gc.unfreeze()
+        gc.collect()
+        if was:
+            gc.enable()
 
 
 def test_a_report_no_status_records_is_still_held_to_its_workspace(tmp_path):

@@ -189,9 +189,12 @@ def test_a_full_fleet_judges_a_queue_of_constrained_runs_once() -> None:
     assert len(judged) < len(world.machines) * (120 + 2)
 
 
-def _fair_by_scan(group: list[str], q: quota.Quotas, since) -> list[str]:
+def _fair_by_scan(group: list[str], q: quota.Quotas, known: dict[str, str]) -> list[str]:
     """The fair order as its definition reads: each time, the least (share used, next run's
     time, team) over every team with runs left."""
+    def since(name: str) -> str:
+        return known.get(name, "~")
+
     queues: dict[str, list[str]] = {}
     for name in sorted(sorted(group), key=since):
         queues.setdefault(q.team(name) or "", []).append(name)
@@ -214,7 +217,7 @@ def test_the_fair_order_is_the_scan_of_every_team(seed) -> None:
         q = quota.Quotas.build(desired, world, {})
         pick = random.Random(seed + 1)  # the same placements for both: each run placed or not by its turn
         got = []
-        for name in fair(sorted(desired.runs), q, since.get):
+        for name in fair(sorted(desired.runs), q, since):
             got.append(name)
             if pick.random() < 0.5:
                 q.add(name, pick.choice([1, 2, 4]), 0.0)
