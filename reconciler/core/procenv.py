@@ -43,7 +43,8 @@ def for_git(extra: Mapping[str, str] | None = None, ssh_agent: bool = True,
     """For the reconciler's own git: the base, git's own GIT_* settings and the proxies, and the
     ssh agent's socket (``ssh_agent``) where git reaches a remote over ssh with the operator's key."""
     src = os.environ if environ is None else environ
-    keep = [k for k in src if k.startswith(GIT_PREFIX)] + list(PROXIES)
+    # GNUPGHOME: where the signing program finds its keys, where commits are signed.
+    keep = [k for k in src if k.startswith(GIT_PREFIX)] + list(PROXIES) + ["GNUPGHOME"]
     if ssh_agent:
         keep.append("SSH_AUTH_SOCK")
     return base(extra, keep=keep, environ=src)

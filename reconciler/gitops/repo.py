@@ -24,7 +24,7 @@ from typing import Callable
 from reconciler.core import procenv
 from reconciler.core.errors import TemporaryError
 
-from . import checkout
+from . import checkout, signing
 
 # Reading the checkout (checkout.py), offered here beside what is done with it.
 Checkout, open_repo, head, head_ref = checkout.Checkout, checkout.open_repo, checkout.head, checkout.head_ref
@@ -76,7 +76,8 @@ def commit_status(repo, message: str | Callable[[list[str]], str], author: Autho
     """Commit the status files that differ from HEAD; return the new commit, or None if nothing.
     ``message`` may be a function of the committed paths, so the message describes the commit.
 
-    Four git processes, whatever the number of files: ``status`` finds them, one ``fast-import``
+    Four git processes, whatever the number of files (five where commits are signed:
+    signing.py): ``status`` finds them, one ``fast-import``
     writes their blobs, the trees and the commit (starting from HEAD's tree, so nothing the user
     staged elsewhere is swept in, and moving no ref of its own), ``update-ref`` moves the branch
     with a compare-and-swap, and ``update-index`` aligns the real index's entries for these paths
@@ -97,6 +98,7 @@ def commit_status(repo, message: str | Callable[[list[str]], str], author: Autho
     new = import_commit(root, [*paths, *ledger], message, author, parent)
     if new is None:  # the files hold what HEAD holds (a change staged and undone, say)
         return None
+    new = _signed(root, repo.git_dir, new, parent, message, author)
     moved = run_git(root, "update-ref", ref, new, parent or "0" * 40, check=False)
     if moved.returncode != 0:
         raise TemporaryError("the branch moved while committing status; will retry: "
@@ -138,9 +140,7 @@ def import_commit(root: Path, paths: list[str], message: str, author: Author, pa
             continue
         out += b"blob\nmark :%d\ndata %d\n%s\n" % (n, len(data), data)
         edits += b"M 100644 :%d %s\n" % (n, quoted)
-    text = message.encode("utf-8", "surrogateescape") if _encodable(message) else message.encode("utf-8", "replace")
-    if text and not text.endswith(b"\n"):
-        text += b"\n"  # as ``git commit-tree -m`` completes the line
+    text = _message(message)
     who = b"%s<%s> now\n" % (_ident(author.name) + b" " if _ident(author.name) else b"", _ident(author.email))
     out += b"commit %s\nmark :1\nauthor %scommitter %sdata %d\n%s" % (_SCRATCH_REF, who, who, len(text), text)
     if parent:
@@ -157,6 +157,25 @@ def import_commit(root: Path, paths: list[str], message: str, author: Author, pa
     if parent and len(lines) == 3 and lines[0] == lines[1]:
         return None
     return lines[-1].strip()
+
+
+def _message(message: str) -> bytes:
+    text = message.encode("utf-8", "surrogateescape") if _encodable(message) else message.encode("utf-8", "replace")
+    if text and not text.endswith(b"\n"):
+        text += b"\n"  # as ``git commit-tree -m`` completes the line
+    return text
+
+
+def _signed(root: Path, git_dir: str, new: str, parent: str | None, message: str, author: Author) -> str:
+    """``new`` as it is, or written again signed where the checkout's git signs its commits
+    (signing.py: fast-import cannot sign)."""
+    env = git_env(Author(_ident(author.name).decode(), _ident(author.email).decode()))
+    if not signing.signs(root, git_dir, env):
+        return new
+    try:
+        return signing.sign(root, new, parent, _message(message), env)
+    except signing.SigningError as e:
+        raise GitError(str(e)) from None
 
 
 def _read_plain(path: Path) -> bytes:

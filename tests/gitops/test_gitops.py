@@ -85,6 +85,8 @@ def test_status_commit_is_one_import_keeps_user_staging_and_leaves_the_index_cle
     (root / "status" / "README.md").write_text("| run |\n")
     (root / "status" / "nested").mkdir()
     (root / "status" / "nested" / "deep.yaml").write_text("not ours\n")
+    # Whether commits are signed is read once, and again only when git's configuration changes.
+    assert gitops.signing.signs(root, repo.git_dir, gitops.git_env()) is False
     spawned = _spawned(monkeypatch)
 
     made = gitops.commit_status(repo, lambda paths: f"status: {len(paths)} file(s)", AUTHOR)
@@ -181,3 +183,60 @@ def test_a_link_under_status_is_never_followed_into_a_commit(tmp_path):
     assert "leak.yaml" not in _git(root, "ls-tree", "-r", "--name-only", "HEAD")
     assert "hunter2" not in _git(root, "log", "-p", "--all")
     assert gitops.commit_status(repo, "status: x", AUTHOR) is None  # the link alone: nothing to commit
+
+
+def _signing_repo(tmp_path: Path) -> tuple[Path, git.Repo, Path]:
+    """A checkout whose git signs every commit with an ssh key (gpg.format=ssh, git-config(1)),
+    as an operator sets it up for a branch that requires signed commits."""
+    root = tmp_path / "repo"
+    repo = _repo(root)
+    key = tmp_path / "signing"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "reconciler", "-f", str(key)], check=True)
+    for k, v in (("gpg.format", "ssh"), ("user.signingKey", f"{key}.pub"), ("commit.gpgSign", "true")):
+        _git(root, "config", k, v)
+    allowed = tmp_path / "allowed_signers"
+    allowed.write_text(f"reconciler@localhost {(key.with_suffix('.pub')).read_text().strip()}\n")
+    _git(root, "config", "gpg.ssh.allowedSignersFile", str(allowed))
+    return root, repo, key
+
+
+def test_a_checkout_that_signs_its_commits_gets_signed_status_commits(tmp_path, monkeypatch):
+    root, repo, _ = _signing_repo(tmp_path)
+    before = _git(root, "rev-parse", "HEAD").strip()
+    (root / "status" / "old.yaml").write_text("phase: Succeeded\n")
+    spawned = _spawned(monkeypatch)
+
+    made = gitops.commit_status(repo, "status: 1 transition(s)", AUTHOR)
+    started = [a[3] for a in spawned]
+
+    assert started == ["status", "-c", "config", "commit-tree", "update-ref", "update-index"]  # -c: fast-import
+    assert "-S" in spawned[3]
+    assert made is not None and _git(root, "rev-parse", "HEAD").strip() == made.sha
+    verified = subprocess.run(["git", "-C", str(root), "verify-commit", made.sha], capture_output=True, text=True)
+    assert verified.returncode == 0 and 'Good "git" signature for reconciler@localhost' in verified.stderr
+    assert _git(root, "log", "-1", "--format=%an <%ae>|%cn <%ce>|%B|%P", made.sha) == (
+        f"reconciler <reconciler@localhost>|reconciler <reconciler@localhost>|status: 1 transition(s)\n|{before}\n")
+    assert _git(root, "show", f"{made.sha}:status/old.yaml") == "phase: Succeeded\n"
+    assert _git(root, "status", "--porcelain") == ""
+    # The setting is read again only when a config file changed: not for the next commit.
+    (root / "status" / "old.yaml").write_text("phase: Failed\n")
+    spawned.clear()
+    assert gitops.commit_status(repo, "status: again", AUTHOR) is not None
+    assert [a[3] for a in spawned] == ["status", "-c", "commit-tree", "update-ref", "update-index"]
+    # Turned off: the next commit is fast-import's own, unsigned.
+    _git(root, "config", "commit.gpgSign", "false")
+    (root / "status" / "old.yaml").write_text("phase: Running\n")
+    unsigned = gitops.commit_status(repo, "status: unsigned", AUTHOR)
+    assert "gpgsig" not in _git(root, "cat-file", "commit", unsigned.sha)
+
+
+def test_a_signature_that_cannot_be_made_fails_the_commit_and_moves_nothing(tmp_path):
+    root, repo, key = _signing_repo(tmp_path)
+    key.unlink()  # the private key is gone: ssh-keygen -Y sign fails
+    _git(root, "config", "user.signingKey", str(key))
+    before = _git(root, "rev-parse", "HEAD").strip()
+    (root / "status" / "old.yaml").write_text("phase: Succeeded\n")
+    with pytest.raises(TemporaryError, match="commit.gpgSign is set but the status commit could not be signed"):
+        gitops.commit_status(repo, "status: 1 file(s)", AUTHOR)
+    assert _git(root, "rev-parse", "HEAD").strip() == before
+    assert _git(root, "status", "--porcelain") == " M status/old.yaml\n"  # kept for the next pass
