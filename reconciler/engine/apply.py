@@ -21,10 +21,11 @@ from reconciler.machines import launchers
 from reconciler.machines.base import LaunchResult, LaunchSpec, SlurmJob
 from reconciler.spec.models.slurm import merged
 from reconciler.core.errors import PermanentError, ReconcilerError, TemporaryError
-from reconciler.core.identity import make, node_identity, node_of, parse
+from reconciler.core.identity import node_of, parse
 from reconciler.core.names import LOCAL
 from reconciler.rentals.providers.base import OfferUnavailable
 from . import outputs
+from . import resume as resume_at
 from .parallel_launches import in_order
 from reconciler.core.plan import Change, Plan
 from reconciler.spec.load import DesiredState
@@ -202,7 +203,8 @@ def _launch_one(c: Change, ctx: ApplyContext, entry, secrets: dict, t, identity:
     # Outputs in a Storage (node 0 only: it is the node that saves): resumed from the bucket.
     sl = outputs.prepare(ctx, c, entry, t, identity, eff.launch_mode == "docker") \
         if not gang or gang.get("rank") == 0 else None
-    resume, saved = (sl.resume_from, None) if sl is not None else _vm_resume(c, ctx, entry, t, identity)
+    resume, saved = (sl.resume_from, None) if sl is not None else resume_at.vm_resume(c, ctx, entry, t, identity)
+    resume, mounts = resume_at.as_the_run_sees(resume, t.workspace(identity), eff.launch_mode == "docker")
     req = bundles.BundleRequest(
         repo_root=ctx.repo, identity=identity, run=entry.run, spec_digest=entry.digest, repo_head=ctx.repo_head,
         template=template, effective=eff, machine=machine, gpus=gpus, python=python, resume_from=resume,
@@ -221,7 +223,7 @@ def _launch_one(c: Change, ctx: ApplyContext, entry, secrets: dict, t, identity:
     spec = LaunchSpec(identity=identity, run_name=c.name, workspace=ws, launch_mode=eff.launch_mode,
                       image=eff.image, network=eff.network, pull=eff.pull, gpus=gpus, secrets=secrets,
                       spec_digest=entry.digest, slurm=slurm_job(template, eff, entry.run.spec.slurm),
-                      env=dict(env or {}, **_resume_env(entry, t, identity, resume, eff.launch_mode == "docker")),
+                      env=dict(env or {}, **resume_at.env_for(entry, resume)), mounts=mounts,
                       storage_env=sl.env if sl is not None else {})
     if sl is not None and out is not None:
         out.outputs = sl.outputs
@@ -237,27 +239,6 @@ def _issue(ctx: ApplyContext, run: str, t, spec: LaunchSpec) -> LaunchResult:
     res = launchers.launch(t, spec, not_after)
     ctx.inflight.answered(run, t.machine.name, spec.identity)
     return res
-
-
-def _vm_resume(c: Change, ctx: ApplyContext, entry, t, identity: str):
-    """(what the task resumes from, the VM store's checkpoint to stage) for a run without a Storage:
-    a checkpoint of a previous attempt on this machine, else the copy taken off the old rental.
-    A command run resumes from its previous attempt whenever it left a checkpoint (docs/rentals.md)."""
-    from reconciler.rentals import checkpoints
-
-    prior = checkpoints.previous_attempt(identity) if entry.run.spec.task.type == "command" else c.resume_from
-    if not prior:
-        return None, None
-    resume = _resume_path(t, prior)
-    if resume is not None:
-        return resume, None
-    # Not on this machine (a new rental): the copy taken off the old one, staged with the bundle.
-    p = parse(prior)
-    saved = checkpoints.latest(ctx.repo / ".reconciler", p.name, p.generation) if p else None
-    if saved is None:
-        return None, None
-    # inputs/.reconciler/: a path no repository input can take
-    return f"{t.workspace(identity)}/inputs/.reconciler/resume/{saved.name}", saved
 
 
 def _launch_gang(c: Change, ctx: ApplyContext, out: Outcome, entry, secrets: dict) -> None:
@@ -375,39 +356,6 @@ def _rental_ready(c: Change, ctx: ApplyContext, t, out: Outcome) -> None:
             raise GpuMismatch(f"GPU check failed on {c.machine}: {e}; gave it back, offer "
                               f"{c.rental.get('offer')} set aside") from None
     out.rental_step = None
-
-
-def _resume_env(entry, t, identity: str, resume: str | None, docker: bool) -> dict[str, str]:
-    """A command run learns its checkpoint from the environment (RECONCILER_RESUME_DIR)."""
-    if entry.run.spec.task.type != "command":
-        return {}
-    from reconciler.rentals import checkpoints
-
-    return checkpoints.resume_env(resume, t.workspace(identity), docker)
-
-
-def _resume_path(t, prior: str) -> str | None:
-    """The latest complete checkpoint of the previous attempts on this machine, newest attempt first.
-
-    ``prior`` is the failed attempt's identity; when it died before saving anything, the
-    attempt before it (which it resumed from) may still hold one. A checkpoint counts only once its
-    ``trainer_state.json`` exists: a kill in the middle of a save leaves a folder without it.
-    One round trip; None when there is nothing to resume from (the run then starts over).
-    """
-    p = parse(prior)
-    idents = [make(p.name, p.generation, a) for a in range(p.attempt, 0, -1)] if p else [prior]
-    # A run on several machines saves its checkpoints on node 0: that node's workspaces too.
-    idents = [x for i in idents for x in (i, node_identity(i, 0))]
-    outs = " ".join(shlex.quote(f"{t.workspace(i)}/artifacts/output") for i in idents)
-    script = (f"for d in {outs}; do\n"
-              "  [ -d \"$d\" ] || continue\n"
-              "  best=$(cd \"$d\" && for c in checkpoint-*; do [ -f \"$c/trainer_state.json\" ] && echo \"$c\"; done"
-              " | sort -t- -k2 -n | tail -n 1)\n"
-              "  if [ -n \"$best\" ]; then echo \"$d/$best\"; exit 0; fi\n"
-              "done\n")
-    r = t.sh(script, timeout=30)
-    found = r.out.strip()
-    return found if r.rc == 0 and found.rsplit("/", 1)[-1].startswith("checkpoint-") else None
 
 
 def _collect(c: Change, ctx: ApplyContext, out: Outcome) -> None:

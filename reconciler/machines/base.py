@@ -108,6 +108,8 @@ class LaunchSpec:
     # The run's Storage as RCLONE_CONFIG_STORE_* (credentials included): runtime/storage.env, written
     # as the secrets are (0600, never in the bundle), read once and deleted by the launch wrapper.
     storage_env: dict[str, str] = field(default_factory=dict)
+    # docker: (machine path, container path) mounted read-only, a previous attempt's checkpoint
+    mounts: list[tuple[str, str]] = field(default_factory=list)
 
 
 # What a job takes from the submitting environment: the base names of procenv (and Slurm's own

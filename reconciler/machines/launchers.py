@@ -228,6 +228,8 @@ def _launch_docker(t: Transport, spec: LaunchSpec, not_after: float | None = Non
         args += ["--gpus", f"device={','.join(str(g) for g in spec.gpus)}"]
     cmd = " ".join(shlex.quote(a) for a in args)
     cmd += ' --user "$(id -u):$(id -g)" -v "$PWD:/bundle"'
+    for source, target in spec.mounts:  # paths without ':' or ',' (rentals/checkpoints.py container_view)
+        cmd += " -v " + shlex.quote(f"{source}:{target}:ro")
     cmd += f" {shlex.quote(spec.image or '')} sh /bundle/scripts/launch.sh {ident}"
     dp = docker_prefix(t.machine)
     script = (

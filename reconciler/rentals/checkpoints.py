@@ -12,7 +12,8 @@ A ``command`` run resumes the same way, by a contract of folders rather than of 
 writes its checkpoints as ``artifacts/output/checkpoint-N/`` (``trainer_state.json``, or any file
 of that name, written last: the Hugging Face Trainer's layout, which ms-swift also writes), and
 a relaunch of the same generation finds the newest one in ``$RECONCILER_RESUME_DIR``
-(``resume_env``). A run that writes none, or ignores the variable, starts over as before.
+(in a container, where ``container_view`` places it). A run that writes none, or ignores the
+variable, starts over as before.
 
 This is the small-scale default. A run with a Storage (docs/storage.md) never comes here: its
 machine uploads checkpoints to the bucket itself and a relaunch downloads them from there, so no
@@ -166,13 +167,23 @@ def previous_attempt(identity: str) -> str | None:
     return make(p.name, p.generation, p.attempt - 1) if p is not None and p.attempt > 1 else None
 
 
-def resume_env(resume: str | None, workspace: str, docker: bool) -> dict[str, str]:
-    """``RECONCILER_RESUME_DIR`` for a command run: the checkpoint folder as the run sees it. In a
-    container the workspace is ``/bundle``, and a folder of another workspace (a previous attempt
-    on the same machine) is not mounted: no variable then, and the run starts over."""
+# Where a docker launch mounts, read-only, a previous attempt's checkpoint that lies in another
+# workspace of the same machine: outside /bundle, so docker makes no mount point in the workspace.
+CONTAINER_RESUME = "/reconciler-resume"
+
+
+def container_view(resume: str | None, workspace: str) -> tuple[str | None, tuple[str, str] | None]:
+    """The checkpoint folder ``resume`` (a path on the machine) as a container sees it, and the
+    read-only mount (machine path, container path) it needs, if any. The workspace is ``/bundle``
+    there, so a staged copy or a bucket's checkpoint (inside the workspace) needs none; a previous
+    attempt's folder on the same machine is mounted at ``/reconciler-resume/<its name>``. A path
+    ``docker run -v`` cannot carry (a ``:`` or ``,`` in it) is not resumed from: the run starts over."""
     if not resume:
-        return {}
-    if not docker:
-        return {RESUME_ENV: resume}
+        return None, None
     base = workspace.rstrip("/") + "/"
-    return {RESUME_ENV: DOCKER_BUNDLE + "/" + resume[len(base):]} if resume.startswith(base) else {}
+    if resume.startswith(base):
+        return DOCKER_BUNDLE + "/" + resume[len(base):], None
+    if any(ch in resume for ch in ":,\n") or not resume.startswith("/"):
+        return None, None
+    target = f"{CONTAINER_RESUME}/{resume.rstrip('/').rsplit('/', 1)[-1]}"
+    return target, (resume, target)

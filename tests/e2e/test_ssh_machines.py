@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -69,6 +70,31 @@ def test_docker_here(tmp_path, dockerd):
         st = w.until("here", lambda s: s.phase == "Succeeded", timeout=60)
         ws = Path(st.handle.workspace)
         assert (ws / "artifacts" / "stdout.log").read_text() == "local box\n/bundle/job.json\n"
+
+
+# Attempt 1 saves a checkpoint at step 3 and fails; attempt 2 is given it and reads its step.
+RESUMING = """
+if [ -n "${RECONCILER_RESUME_DIR:-}" ]; then
+  echo "$RECONCILER_RESUME_DIR $(cat "$RECONCILER_RESUME_DIR/step")"
+  touch "$RECONCILER_RESUME_DIR/x" 2>/dev/null && echo writable || echo read-only
+  exit 0
+fi
+mkdir -p artifacts/output/checkpoint-3 && echo 3 > artifacts/output/checkpoint-3/step
+echo '{}' > artifacts/output/checkpoint-3/trainer_state.json
+exit 1
+"""
+
+
+def test_docker_relaunch_resumes_from_the_previous_attempts_checkpoint_mounted_read_only(tmp_path, dockerd):
+    """The previous attempt's workspace is not the container's /bundle: its checkpoint is mounted."""
+    with World(tmp_path, [], docker_host=dockerd.host) as w:
+        w.add_run(run_spec("again", "local-docker", ["sh", "-c", RESUMING],
+                           restartPolicy={"maxRetries": 1, "backoffSeconds": 0}))
+        st = w.until("again", lambda s: s.phase == "Succeeded", timeout=90)
+        assert st.attempt == 2, st.message
+        ws = Path(st.handle.workspace)
+        assert (ws / "artifacts" / "stdout.log").read_text() == "/reconciler-resume/checkpoint-3 3\nread-only\n"
+        assert json.loads((ws / "job.json").read_text())["payload"]["resume_from"] == "/reconciler-resume/checkpoint-3"
 
 
 def test_docker_missing_image_fails_with_a_clear_message(tmp_path, sshd, dockerd):

@@ -68,11 +68,15 @@ def test_a_command_run_without_checkpoints_starts_over_with_no_variable(rental_w
 def test_the_resume_folder_is_named_as_the_run_sees_it() -> None:
     ws = "/home/u/work/ns/r-g1-a2"
     staged = ws + "/inputs/.reconciler/resume/checkpoint-7"
-    assert checkpoints.resume_env(staged, ws, docker=False) == {"RECONCILER_RESUME_DIR": staged}
-    # In a container the workspace is /bundle; another workspace is not mounted there at all.
-    assert checkpoints.resume_env(staged, ws + "/", docker=True) == {
-        "RECONCILER_RESUME_DIR": "/bundle/inputs/.reconciler/resume/checkpoint-7"}
-    assert checkpoints.resume_env("/home/u/work/ns/r-g1-a1/artifacts/output/checkpoint-7", ws, docker=True) == {}
-    assert checkpoints.resume_env(None, ws, docker=False) == {}
+    # In a container the workspace is /bundle: a staged copy needs no mount.
+    assert checkpoints.container_view(staged, ws + "/") == ("/bundle/inputs/.reconciler/resume/checkpoint-7", None)
+    # Another workspace's checkpoint is mounted read-only beside it, outside /bundle.
+    prior = "/home/u/work/ns/r-g1-a1/artifacts/output/checkpoint-7"
+    assert checkpoints.container_view(prior, ws) == ("/reconciler-resume/checkpoint-7",
+                                                     (prior, "/reconciler-resume/checkpoint-7"))
+    # What docker run -v cannot carry is not resumed from: the run starts over.
+    assert checkpoints.container_view("/home/u/a:b/checkpoint-7", ws) == (None, None)
+    assert checkpoints.container_view("/home/u/a,b/checkpoint-7", ws) == (None, None)
+    assert checkpoints.container_view(None, ws) == (None, None)
     assert checkpoints.previous_attempt("r-g2-a3") == "r-g2-a2"
     assert checkpoints.previous_attempt("r-g2-a1") is None and checkpoints.previous_attempt("not an id") is None
