@@ -287,7 +287,9 @@ def _local_passes(d) -> list[dict]:
 
 def test_a_burst_of_fifty_spec_files_is_one_pass_and_each_run_starts_once(world):
     clone = world.clone("daemon")
-    d = _idle_daemon(world, clone, RECONCILER_DEBOUNCE="0.2", RECONCILER_LOG_LEVEL="DEBUG")
+    # A quiet time of 1 s: the writer below is this test's process, and on a loaded machine it can
+    # stall for longer than the 0.2 s the other tests use, which is a writer that stopped.
+    d = _idle_daemon(world, clone, RECONCILER_DEBOUNCE="1", RECONCILER_LOG_LEVEL="DEBUG")
     runs = clone / "specs" / "runs"
     names = [f"burst-{i:02d}" for i in range(50)]
     for i, name in enumerate(names):  # back to back, each atomically (as an editor or git writes a file)
@@ -305,7 +307,9 @@ def test_a_burst_of_fifty_spec_files_is_one_pass_and_each_run_starts_once(world)
     wait_for(lambda: len(_local_passes(d)) >= 1 and _local_passes(d)[-1].get("plan") == {"launch": 1},
              timeout=30, what="the marker's pass")
     assert [p["plan"] for p in _local_passes(d)] == [{"launch": 50}, {"launch": 1}], d.text()[-3000:]
-    assert len(d.logged("local change")) == 2, [(e["ts"], e["paths"]) for e in d.logged("local change")]
+    # (How many batches the watcher handed over is not asserted: a writer stalled for longer than
+    # the quiet time cuts the burst in two, and a pass that starts after the stall still sees
+    # every file. The passes above are the promise.)
     assert world.workspaces() == sorted(f"{n}-g1-a1" for n in [*names, "marker"])  # each launched once
     # The burst's launches overlap, from the daemon's own record (engine/parallel_launches.py):
     # some launch began before another one had its answer.
