@@ -423,9 +423,10 @@ def large(b: Bench, specs: int) -> None:
 
 # The pass's steps timed by --phases, in the order a launching pass reaches them: (module, attribute, label).
 STEPS = (("reconciler.engine.loop", "load_tree", "load specs"),
+         ("reconciler.engine.uncommitted", "Uncommitted.prefetch", "git status -- specs: its start"),
          ("reconciler.engine.loop", "Reconciler._observe_world", "observe"),
          ("reconciler.engine.loop", "make_plan", "plan"),
-         ("reconciler.engine.uncommitted", "Uncommitted.specs", "git status -- specs"),
+         ("reconciler.engine.uncommitted", "Uncommitted.specs", "git status -- specs: its answer"),
          ("reconciler.engine.guards", "before_apply", "launch holds"),
          ("reconciler.engine.inflight", "Journal.issue", "launch journal: issue"),
          ("reconciler.artifacts.bundle", "build", "bundle build"),
@@ -467,32 +468,54 @@ def phases(tmp: Path, n: int) -> None:
     time.sleep(getattr(cfg, "launch_ttl", 0) + getattr(cfg, "launch_clock_margin", 0) + 0.5)
     for s in spans.values():
         s.clear()
+    started: list[tuple[float, str]] = []
+    _count_processes(started)
     passes = []
     for i in range(n):
         _write_spec(clone, f"phase{i}")
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         rec.run_pass()
-        passes.append((t0, time.perf_counter()))
+        passes.append((t0, time.perf_counter(), time.process_time() - c0))
     print(f"\none change-driven pass, in-process, median of {n} (load average {load()}):")
+    print(f"  {'':40s} {'wall':>9s} {'CPU':>9s}")
     launch = spans.get("launch (in-process)") or []
     if len(launch) == n:
         print(f"  {'pass start → launch begins':40s} {statistics.median(l[0] - p[0] for l, p in zip(launch, passes)) * 1000:6.1f} ms")
+        before = [[w for t, w in started if p[0] <= t < l[0]] for l, p in zip(launch, passes)]
+        after = [[w for t, w in started if l[0] <= t < p[1]] for l, p in zip(launch, passes)]
+        print(f"  processes started before the launch: {statistics.median(len(b) for b in before)} "
+              f"({'; '.join(before[-1]) or 'none'}), by the launch and after it: "
+              f"{statistics.median(len(a) for a in after)} ({'; '.join(after[-1])})")
     for label, s in spans.items():
         if s:
-            print(f"  {label:40s} {statistics.median(b - a for a, b in s) * 1000:6.1f} ms  (n={len(s)})")
-    print(f"  {'the whole pass':40s} {statistics.median(b - a for a, b in passes) * 1000:6.1f} ms")
+            print(f"  {label:40s} {statistics.median(x[1] - x[0] for x in s) * 1000:6.1f} ms "
+                  f"{statistics.median(x[2] for x in s) * 1000:6.1f} ms  (n={len(s)})")
+    print(f"  {'the whole pass':40s} {statistics.median(x[1] - x[0] for x in passes) * 1000:6.1f} ms "
+          f"{statistics.median(x[2] for x in passes) * 1000:6.1f} ms")
     Bench(tmp).cleanup_root(tmp / "ws-phases" / "bench")
 
 
 def _timed(fn, out: list):
     @functools.wraps(fn)
     def timed(*args, **kwargs):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         try:
             return fn(*args, **kwargs)
         finally:
-            out.append((t0, time.perf_counter()))
+            out.append((t0, time.perf_counter(), time.process_time() - c0))
     return timed
+
+
+def _count_processes(out: list) -> None:
+    """Record every process this one starts (when, and its first words): each fork and exec
+    competes for the cores on the way to the launch."""
+    real = subprocess.Popen._execute_child
+
+    @functools.wraps(real)
+    def counted(self, args, *rest, **kw):
+        out.append((time.perf_counter(), " ".join(str(a) for a in list(args)[:4])))
+        return real(self, args, *rest, **kw)
+    subprocess.Popen._execute_child = counted
 
 
 def main() -> int:

@@ -232,13 +232,28 @@ def _launch_one(c: Change, ctx: ApplyContext, entry, secrets: dict, t, identity:
 
 def _issue(ctx: ApplyContext, run: str, t, spec: LaunchSpec) -> LaunchResult:
     """Start ``spec`` with a deadline, recorded in the launch journal until the machine answers
-    (engine/inflight.py); a launch whose answer is lost stays there until its deadline."""
+    (engine/inflight.py); a launch whose answer is lost stays there until its deadline. A launch
+    made by this process's own system calls is not recorded (``in_process``)."""
     if ctx.inflight is None:
         return launchers.launch(t, spec)
+    if in_process(t, spec):
+        return launchers.launch(t, spec, ctx.inflight.deadline())
     not_after = ctx.inflight.issue(run, t.machine.name, spec.identity)
     res = launchers.launch(t, spec, not_after)
     ctx.inflight.answered(run, t.machine.name, spec.identity)
     return res
+
+
+def in_process(t, spec: LaunchSpec) -> bool:
+    """A host process on this machine, started by this process itself up to its wrapper
+    (machines/local_launch.py): no step of it runs outside this process, so none can land after
+    this process is gone, and the journal has nothing to warn a successor of. The start is on the
+    machine (``runtime/launched_at``, the claim) before the wrapper is started; a successor on
+    this checkout starts only once this process has died (the checkout's lock), when each step
+    has been made or never will be, and its look at the machine finds them. (A docker launch runs
+    ``docker run`` in a shell, a launch elsewhere a command on the machine: those go on without
+    this process, and are recorded.)"""
+    return spec.slurm is None and spec.launch_mode == "host_process" and getattr(t, "start_host", None) is not None
 
 
 def _launch_gang(c: Change, ctx: ApplyContext, out: Outcome, entry, secrets: dict) -> None:

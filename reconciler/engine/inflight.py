@@ -18,6 +18,11 @@ first pass: any predecessor died before that pass, so its last deadline is behin
 An entry whose answer never came (the connection dropped mid-launch) stays until its deadline has
 passed: the launch may still land, made by this very process.
 
+A host process launched on this machine by this process's own system calls (machines/local_launch.py)
+is not recorded: nothing of it runs outside this process before its wrapper starts, so nothing of
+it can land once this process is gone (engine/apply.py ``in_process`` says why that is enough).
+It still carries a deadline (``deadline``), checked by the same guard.
+
 Writes are few: launches issued at the same moment (a burst, ``launch_width`` at once) share one
 write of the file, and an answer is written with the next launch or at the end of the pass
 (``flush``), not on its own. An answer that is not on disk yet only leaves an entry that a
@@ -37,6 +42,7 @@ from pathlib import Path
 
 log = logging.getLogger("reconciler")
 FILE = "inflight.json"
+PREVIOUS = ".inflight.json.previous"  # the journal while its successor is renamed into place (Journal._write)
 VERSION = 1
 MAX_ENTRIES = 100_000  # a file larger than this is not ours: read as no journal
 
@@ -93,6 +99,10 @@ class Journal:
         self.flush()
         return e.not_after
 
+    def deadline(self, now: float | None = None) -> float:
+        """The deadline of a launch that is not recorded (engine/apply.py ``in_process``)."""
+        return (time.time() if now is None else now) + self.ttl
+
     def answered(self, run: str, machine: str, identity: str) -> None:
         """The machine answered: the launch started or adopted the identity. (A launch that failed
         keeps its entry until its deadline: a lost connection and a refusal read alike here.)
@@ -131,24 +141,54 @@ class Journal:
                 del self.entries[k]
 
     def _write(self, doc: dict) -> None:
-        """Atomically: a process killed while writing leaves the old journal, never half of one."""
+        """Atomically: a process killed while writing leaves the old journal, never half of one.
+
+        Never a rename over an existing file: ext4 (``auto_da_alloc``, ext4(5)) starts writing the
+        new file's data out on such a rename, and the rename waits for it: 3 to 17 ms on this
+        kind of VM, against 0.1 ms for a rename onto a free name. So the journal in place is
+        first moved aside as ``PREVIOUS`` (a free name: a stale one is removed first), the new one
+        renamed into the free place, and the old one removed; a process killed in between leaves
+        ``PREVIOUS`` alone, which ``_load`` reads then (it is the journal of every launch issued
+        so far: ``issue`` returns only after the write)."""
         if not self._made:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._made = True
         tmp = str(self.path.with_name(f".{FILE}.{os.getpid()}.tmp"))
         with open(tmp, "wb") as fh:
             fh.write(json.dumps(doc, sort_keys=True).encode())
-        os.replace(tmp, self.path)
+        aside = str(self.path.with_name(PREVIOUS))
+        _unlink(aside)
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            aside = ""
+        os.rename(tmp, self.path)
+        if aside:
+            _unlink(aside)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _load(path: Path) -> list[Entry] | None:
-    """The journal's entries; None when there is none or it cannot be read (no proof either way)."""
-    try:
-        if path.stat().st_size > 64 * MAX_ENTRIES:
+    """The journal's entries; None when there is none or it cannot be read (no proof either way).
+    Without the journal, the one moved aside while it was replaced (a writer killed in between)."""
+    doc = None
+    # (in, aside, in again: a writer may move one between the reads; none of the three: no journal)
+    for p in (path, path.with_name(PREVIOUS), path):
+        try:
+            if p.stat().st_size > 64 * MAX_ENTRIES:
+                return None
+            doc = json.loads(p.read_text())
+            break
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError):
             return None
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
     if not isinstance(doc, dict) or doc.get("version") != VERSION or not isinstance(doc.get("launches"), list):
         return None
     out = []

@@ -12,34 +12,87 @@ launches it instead and records ``spec.dirty: true`` with the content's digest a
 cache, rather than a second opinion computed here. It runs again only when its answer can have
 moved: a spec file's content changed or one came or went (the spec cache says), or HEAD, the
 index or an ignore file changed (their stats); otherwise the last answer stands. A pass that
-needs it asks right after the specs are loaded, on a thread of its own (``prefetch``), so that git
-runs beside the observation of the machines instead of after it; it is never asked before the
-load, so its answer covers at least what the pass loaded.
+needs it starts git right after the specs are loaded (``prefetch``), on a thread that the pass
+never waits for until the plan needs the answer, so that git starts and runs beside the
+observation of the machines instead of before or after it (``_Asking`` says how); it is never
+asked before the load, so its answer covers at least what the pass loaded.
 """
 
 from __future__ import annotations
 
+import _thread
 import os
+import subprocess
 import threading
 from pathlib import Path
 
 from reconciler.core.actions import Action
 from reconciler.core.plan import Change, Plan
-from reconciler.gitops.repo import run_git
+from reconciler.gitops.repo import git_env, run_git
 
 CODE = "UncommittedSpec"
+# --no-optional-locks (git 2.15+, git(1)): no index.lock taken and no refreshed index written
+# back, so a user's own git command in the checkout never finds the index locked by us.
+STATUS = ("--no-optional-locks", "-c", "core.quotePath=false", "status", "--porcelain=v1", "-z",
+          "--untracked-files=all", "--", "specs")
+TIMEOUT = 120.0  # seconds, as run_git's
 
 
 def uncommitted_specs(repo: Path) -> set[str]:
     """Paths under specs/ (relative to the repository) that differ from HEAD or are untracked."""
-    # --no-optional-locks (git 2.15+, git(1)): no index.lock taken and no refreshed index written
-    # back, so a user's own git command in the checkout never finds the index locked by us.
-    p = run_git(repo, "--no-optional-locks", "-c", "core.quotePath=false", "status", "--porcelain=v1", "-z",
-                "--untracked-files=all", "--", "specs", check=False)
-    if p.returncode != 0:
+    p = run_git(repo, *STATUS, check=False)
+    return _paths(p.returncode, p.stdout)
+
+
+class _Asking:
+    """``git status`` for one pass, on a thread of its own that the pass does not wait for: the
+    thread is started without the handshake of ``threading.Thread.start`` (on a loaded machine a
+    wait for the new thread to be scheduled), and it, not the pass, waits while git's process
+    starts (the fork and exec: 6 to 10 ms of waiting at a load of 7 to 12, measured with
+    ``benchmarks/daemon_bench.py --phases``)."""
+
+    def __init__(self, top: str, args: tuple) -> None:
+        self.args = args
+        self.proc: subprocess.Popen | None = None
+        self.found: set[str] | None = None
+        self._done = threading.Lock()
+        self._done.acquire()  # released by the thread when it is done, answer or not
+        _thread.start_new_thread(self._ask, (top,))
+
+    def _ask(self, top: str) -> None:
+        try:
+            self.proc = subprocess.Popen(["git", "-C", top, *STATUS], stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                         env=git_env())
+            out, _ = self.proc.communicate(timeout=TIMEOUT)
+            self.found = _paths(self.proc.returncode, out)
+        except Exception:  # noqa: BLE001 - no answer here: the pass asks git itself
+            if self.proc is not None and self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.communicate()
+        finally:
+            self._done.release()
+
+    def answer(self) -> set[str] | None:
+        """Its answer, once git has given it (None: git could not be asked, or did not answer in
+        time and was killed)."""
+        with self._done:
+            return self.found
+
+    def drop(self) -> None:
+        """Not needed after all (the pass ended before its plan): stopped and reaped before the
+        next pass asks again."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        self.answer()
+
+
+def _paths(returncode: int, stdout: str) -> set[str]:
+    if returncode != 0:
         return set()
     out: set[str] = set()
-    entries = p.stdout.split("\0")
+    entries = stdout.split("\0")
     i = 0
     while i < len(entries):
         e = entries[i]
@@ -57,34 +110,36 @@ class Uncommitted:
     def __init__(self, key: list | None = None, paths: set[str] | None = None) -> None:
         self.key, self.paths = key, paths
         self.asked = 0  # how many times git was asked (the tests count them)
-        self._early: tuple | None = None  # (arguments, thread, [key, answer]) of a prefetch
+        self._early: tuple | None = None  # (key, _Asking) of a prefetch
 
     def prefetch(self, repo, tree_changed: bool, ignores: list | None = None) -> None:
-        """Start asking git now, on a thread, when ``specs`` with the same arguments would ask."""
+        """Start git now, when ``specs`` with the same arguments would ask it."""
+        if self._early is not None:  # an earlier pass's, never read (that pass failed before its plan)
+            self._early[1].drop()
         self._early = None
         key = _key(repo, ignores)
         if not (tree_changed or self.paths is None or key is None or key != self.key):
             return
-        box: list = [key, None]
-
-        def ask() -> None:
-            box[1] = uncommitted_specs(Path(repo.working_tree_dir))
-
-        t = threading.Thread(target=ask, name="git-status", daemon=True)
-        t.start()
-        self._early = ((repo, tree_changed, ignores), t, box)
+        try:
+            self._early = (key, _Asking(str(repo.working_tree_dir), (repo, tree_changed, ignores)))
+        except RuntimeError:
+            pass  # no thread could be started: asked again by ``specs``, as without a prefetch
 
     def specs(self, repo, tree_changed: bool, ignores: list | None = None) -> set[str]:
         """``uncommitted_specs``, or its last answer while nothing it depends on changed.
         ``ignores``: the stats of the ignore files inside the spec folders (the spec loader's)."""
         early, self._early = self._early, None
-        # The same pass's prefetch: the loader makes a new ``ignores`` list every load.
-        if early is not None and early[0][0] is repo and early[0][1] == tree_changed and early[0][2] is ignores:
-            early[1].join()
-            if early[2][1] is not None:  # (None: the thread failed; ask here, as without it)
-                self.key, self.paths = early[2][0], early[2][1]
-                self.asked += 1
-                return self.paths
+        if early is not None:
+            asked = early[1]
+            # The same pass's prefetch: the loader makes a new ``ignores`` list every load.
+            if asked.args[0] is repo and asked.args[1] == tree_changed and asked.args[2] is ignores:
+                found = asked.answer()
+                if found is not None:  # (None: it failed; ask here, as without it)
+                    self.key, self.paths = early[0], found
+                    self.asked += 1
+                    return self.paths
+            else:
+                asked.drop()
         key = _key(repo, ignores)
         if tree_changed or self.paths is None or key is None or key != self.key:
             self.paths = uncommitted_specs(Path(repo.working_tree_dir))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import git
 
 from tests.cli.test_cli import run
-from tests.repo_helpers import commit_all, make_repo, pass_until, reconciler as make_reconciler, run_spec, status_of
+from tests.repo_helpers import commit_all, make_repo, pass_until, reconciler as make_reconciler, run_spec, status_of, \
+    wait_for
 
 ENV = {"RECONCILER_ALLOW_DIRTY": "false", "RECONCILER_NAMESPACE": "test"}
 
@@ -46,9 +47,7 @@ def test_an_edit_of_a_running_run_waits_for_its_commit_and_the_old_one_keeps_run
     rec.run_pass()
 
 
-def test_git_is_asked_once_per_change_on_a_thread_started_right_after_the_load(tmp_path):
-    import threading
-
+def test_git_is_asked_once_per_change_started_right_after_the_load(tmp_path):
     from reconciler.engine.uncommitted import Uncommitted, uncommitted_specs
 
     repo = make_repo(tmp_path / "repo", {"a": run_spec("a", ["true"])})
@@ -57,10 +56,10 @@ def test_git_is_asked_once_per_change_on_a_thread_started_right_after_the_load(t
     assert u.specs(gitrepo, True, []) == set() and u.asked == 1
     (repo / "specs/runs/b.yaml").write_text(run_spec("b", ["true"]))
     ignores: list = []
-    before = {t.ident for t in threading.enumerate()}
     u.prefetch(gitrepo, True, ignores)
-    asking = [t for t in threading.enumerate() if t.ident not in before and t.name == "git-status"]
-    assert len(asking) == 1  # on its own thread, while the pass observes
+    # git runs while the pass observes, started by a thread of its own
+    wait_for(lambda: u._early[1].proc is not None, timeout=10, what="git started")
+    assert u._early[1].proc.args[:2] == ["git", "-C"]
     assert u.specs(gitrepo, True, ignores) == {"specs/runs/b.yaml"} == uncommitted_specs(repo) and u.asked == 2
     u.prefetch(gitrepo, True, [])  # another load's (another list): its answer is not taken for this one
     (repo / "specs/runs/c.yaml").write_text(run_spec("c", ["true"]))

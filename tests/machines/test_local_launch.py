@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import time
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from reconciler.core.errors import TemporaryError
 from reconciler.core.plan import Change
 from reconciler.engine.parallel_launches import in_order, plain_launch
 from reconciler.machines import launchers, local_launch
-from reconciler.machines.base import LaunchSpec, MachineInfo
+from reconciler.machines.base import LaunchSpec
 from reconciler.machines.local import LocalTransport
 from reconciler.runtime.readings import process_table
 from tests.repo_helpers import wait_for
@@ -41,18 +40,6 @@ def _spec(ws: Path, digest: str = DIGEST) -> LaunchSpec:
 
 def _stat(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
-@pytest.fixture
-def transport(tmp_path):
-    t = LocalTransport(MachineInfo("local", str(tmp_path / "ws")))
-    yield t
-    for pid_file in (tmp_path / "ws").glob("*/runtime/pid"):
-        try:
-            os.killpg(int(pid_file.read_text()), signal.SIGKILL)
-        except (OSError, ValueError):
-            pass
-    local_launch.reap()
 
 
 def test_the_wrapper_is_started_by_this_process_in_a_session_of_its_own_and_adopted_after(transport):
