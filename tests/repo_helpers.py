@@ -211,3 +211,18 @@ def reconcile_cli(root: Path, *args: str, env: dict | None = None, timeout: floa
     else:
         cmd = [sys.executable, "-m", "reconciler", *argv]
     return subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=timeout)
+
+
+class Listings:
+    """Counts the folders listed through ``os.scandir`` as ``module`` calls it (a walk that is
+    skipped lists none)."""
+
+    def __init__(self, monkeypatch, module) -> None:
+        self.count = 0
+        real = os.scandir
+
+        def counting(path):
+            self.count += 1
+            return real(path)
+
+        monkeypatch.setattr(module.os, "scandir", counting)

@@ -171,6 +171,14 @@ class ObservedWorld:
             self._index()
         return self._has_nodes
 
+    def only_instance(self, name: str) -> ObservedRun | None:
+        """The run's instance when it has exactly one in sight (the common case: asked for every
+        running run of every plan, without the copy ``instances`` makes); else None."""
+        if self._by_name is None:
+            self._index()
+        found = self._by_name.get(name)
+        return found[0] if found is not None and len(found) == 1 else None
+
     def instances(self, name: str) -> list[ObservedRun]:
         """Every observed instance of a run, any generation or attempt."""
         if self._by_name is None:

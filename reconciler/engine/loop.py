@@ -18,7 +18,7 @@ from typing import Callable
 from reconciler.gitops import repo as gitops
 from reconciler.status import store as statuses
 from reconciler.core.runstatus import DIRTY, TERMINAL, cost_so_far, iso, parse_iso
-from reconciler.status.summarize import progress_only, records_new_spec, same_ignoring_time, summarize
+from reconciler.status.summarize import progress_only, records_new_spec, same_ignoring_time, summarize, unchanged
 from reconciler.core.actions import Action
 from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # imported when a plan has something to apply: a pass that changes nothing never needs it
@@ -40,6 +40,7 @@ from reconciler.spec.load import DesiredState, SpecCache, load_tree
 from reconciler.machines.pool import TransportPool
 
 log = logging.getLogger("reconciler")
+_STARTS, _NONE = (Action.LAUNCH, Action.RELAUNCH), Action.NONE  # an Enum member looked up on its class costs a call
 
 
 def _after_apply() -> None:
@@ -172,17 +173,19 @@ class Reconciler:
             pool.close()
         phases, written = self._write_statuses(result, previous, spec_commits, status_dir, now)
         if cfg.ledger:
-            ledger_out = self.ledger.refresh(status_dir, {**previous, **self._as_filed}, written, now)  # git's view
+            loaded = {**previous, **self._as_filed} if self._as_filed else previous  # git's view
+            ledger_out = self.ledger.refresh(status_dir, loaded, written, now, self.status_cache.present())
         else:
             ledger_out = []
         if result.written or ledger_out:
             self._status_clean = None
         # A run whose last machine is a rental still up keeps its status loaded: it dates the
         # rental's idle time (and so when it is given back).
+        rented = world.rentals
         on_rentals = {n: st for n, st in previous.items()
-                      if st.handle is not None and st.handle.machine in world.rentals}
+                      if st.handle is not None and st.handle.machine in rented} if rented else {}
         costs = {n: ((st.cost or {}).get("provider"), cost_so_far(st, now))
-                 for n, st in {**previous, **written}.items() if st.cost}
+                 for n, st in ({**previous, **written} if written else previous).items() if st.cost}
         del previous  # the parsed statuses of settled runs can go now
         self._settle(desired, world, plan, skipped, phases, status_dir, on_rentals, costs)
         waits = [c.retry_after for c in plan.changes if c.retry_after]
@@ -302,8 +305,10 @@ class Reconciler:
                 continue
             prev = previous.get(change.name)
             obs = world.find(change.identity) if change.identity else None
-            new = summarize(prev, change, by_name.get(change.name), obs, now,
-                                     spec_commits.get(change.spec_path or ""))
+            outcome = by_name.get(change.name)
+            if outcome is None and unchanged(prev, change, obs):  # summarize would return prev
+                continue
+            new = summarize(prev, change, outcome, obs, now, spec_commits.get(change.spec_path or ""))
             if new is prev or same_ignoring_time(prev, new):
                 continue
             if self._progress_can_wait(prev, new, now):
@@ -374,9 +379,8 @@ class Reconciler:
         pass: the last commit that changed its spec file (one definition, shared with provenance)."""
         paths = []
         for c in plan.changes:
-            prev = previous.get(c.name)
             if c.phase is not None and c.spec_path and (
-                    c.action in (Action.LAUNCH, Action.RELAUNCH) or records_new_spec(prev, c)):
+                    c.action in _STARTS or records_new_spec(previous.get(c.name), c)):
                 paths.append(c.spec_path)
         if not paths or self.repo is None:
             return {}
@@ -433,7 +437,7 @@ class Reconciler:
         """
         settled = {n: self.settled[n] for n in skipped}
         for c in plan.changes:
-            if (c.action != Action.NONE or c.phase not in TERMINAL or c.name in desired.invalid
+            if (c.action != _NONE or c.phase not in TERMINAL or c.name in desired.invalid
                     or any(r.alive or not r.collected or guards.kept(r, self.cfg) for r in world.instances(c.name))
                     or c.name in (on_rentals or {})):
                 continue

@@ -78,6 +78,9 @@ def _teams_key(desired: DesiredState, placed: dict[str, set[str]]) -> bytes | No
     return hashlib.blake2b("\0".join(shas).encode(), digest_size=16).digest()
 
 
+_STARTS = (Action.LAUNCH, Action.RELAUNCH)  # asked of every change: an Enum member looked up on its class costs a call
+
+
 def _placed(world: ObservedWorld, plan: Plan) -> dict[str, set[str]]:
     """Machine → the names of the runs live there or launched there by ``plan``."""
     placed: dict[str, set[str]] = {}
@@ -92,7 +95,7 @@ def _placed(world: ObservedWorld, plan: Plan) -> dict[str, set[str]]:
                     here = placed.setdefault(m.name, set())
                 here.add(p.name)
     for c in plan.changes:
-        if c.action in (Action.LAUNCH, Action.RELAUNCH):
+        if c.action in _STARTS:
             for machine in [n.machine for n in c.nodes] or [c.machine]:
                 if machine:
                     placed.setdefault(machine, set()).add(c.name)

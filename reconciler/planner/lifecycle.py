@@ -10,7 +10,7 @@ from reconciler.core.actions import Action
 from reconciler.core.identity import make, node_of, parse
 from reconciler.core.names import LOCAL, SLURM_PREFIX, slurm_machine
 from reconciler.core.observed import ObservedRun, ObservedWorld
-from reconciler.core.plan import Change, Kill, Node, PlanSettings
+from reconciler.core.plan import Change, Kill, Node, PlanSettings, bulk_change
 from reconciler.core.runstatus import TERMINAL, RunStatus, iso, parse_iso
 from reconciler.spec.load import DesiredState, RunEntry
 
@@ -50,6 +50,9 @@ def _running(name: str, entry: RunEntry, prev: RunStatus | None, world: Observed
     return changes
 
 
+_NONE = Action.NONE  # an Enum member looked up on its class costs a call
+
+
 def _steady_running(name: str, entry: RunEntry, prev: RunStatus | None, world: ObservedWorld,
                     desired: DesiredState, now: float) -> list[Change] | None:
     """The decision for the bulk of a large fleet, without the general walk: the attempt the status
@@ -63,16 +66,24 @@ def _steady_running(name: str, entry: RunEntry, prev: RunStatus | None, world: O
     digest = entry.digest
     if prev.spec.digest != digest:
         return None
-    instances = world.instances(name)
-    if len(instances) != 1:
+    obs = world.only_instance(name)
+    if obs is None:
         return None
-    obs = instances[0]
     ident = obs.identity
+    # identity.make's text, without its tuple: asked of every running run on every pass.
     if (obs.state != "running" or obs.nodes or obs.queued is not None or obs.spec_digest != digest
-            or prev.handle.identity != ident or ident != make(name, prev.generation, prev.attempt)):
+            or prev.handle.identity != ident or ident != f"{name}-g{prev.generation}-a{prev.attempt}"):
         return None
     base = dict(generation=prev.generation, attempt=prev.attempt, spec_digest=digest, spec_path=entry.rel)
-    return _found_running(name, entry, prev, desired, obs, ident, [], base, ident, now)
+    run = entry.run
+    stalled = _stalled(run, obs, now) if run.spec.stall is not None else None
+    if stalled and run.spec.stall.action == "terminate":
+        return _found_running(name, entry, prev, desired, obs, ident, [], base, ident, now)
+    # _found_running's last change, built as bulk_change builds a queue's (tests/planner/test_bulk_change.py).
+    c = bulk_change(name, _NONE, "Running", "running", "Running", base, ident, obs.machine, None, [], [],
+                    None, None, [])
+    c.stalled = stalled
+    return [c]
 
 
 def _hold_unseen(changes, name, entry, prev, world, desired, settings, now, book) -> None:

@@ -33,6 +33,7 @@ from .models.storage import Storage
 from .models.template import ExecutionTemplate
 from .specfile import RACY_NS, RunEntry, SpecCache, SpecChanged, SpecFile
 from .tree import SPEC_DIRS, discover, walk, yaml_files
+from .treewatch import WATCH_FROM, TreeWatch
 
 __all__ = ["DesiredState", "Locator", "RunEntry", "SpecCache", "SpecChanged", "SpecFile", "discover",
            "is_spec_repo", "load_file", "load_tree", "run_digest", "yaml_files"]
@@ -387,7 +388,9 @@ def _load_cached(root: Path, locator: Locator, cache: SpecCache, ignores: list) 
     many were taken so."""
     prefix = len(str(root)) + 1
     items, hits, files = cache._items, 0, []
-    for p, expect, stat in walk(root, ignores):
+    if cache.watch is None and len(items) >= WATCH_FROM:
+        cache.watch = TreeWatch()  # a large tree: its folders watched instead of a stat per file (treewatch.py)
+    for p, expect, stat in walk(root, ignores, cache.watch):
         rel = p[prefix:]
         f = items.get(rel)
         if f is not None and stat is not None and f.stat == stat and max(stat[2], stat[3]) < f.verified_ns - RACY_NS:

@@ -217,6 +217,7 @@ class SpecCache:
         self.context_touched = False  # a file of another kind than Run changed: every check again
         self.tree_changed = True
         self.ignores: list | None = None  # the .gitignore files inside the spec folders, with their stats
+        self.watch = None  # treewatch.TreeWatch of a large tree: the last walk reused while nothing changed
 
     def __len__(self) -> int:
         return len(self._items)

@@ -47,17 +47,33 @@ def discover(root: Path, ignores: list | None = None) -> list[tuple[str, str | N
     return out
 
 
-def walk(root: Path, ignores: list | None = None) -> list[tuple[str, str | None, tuple | None]]:
+def walk(root: Path, ignores: list | None = None, watch=None) -> list[tuple[str, str | None, tuple | None]]:
     """``discover``'s files, in its order, each with its stat (inode, size, mtime, ctime; None
     where it could not be taken) from the directory walk itself: one system call per file and no
-    path built in Python, which is most of what a pass that reads nothing spends per file."""
+    path built in Python, which is most of what a pass that reads nothing spends per file.
+    ``watch``: a ``treewatch.TreeWatch`` to reuse the last walk's listing from while it vouches
+    for it, and to watch this walk's folders otherwise."""
+    if watch is not None:
+        kept = watch.reuse()
+        if kept is not None:
+            if ignores is not None:
+                ignores.extend(list(x) for x in kept[1])
+            return kept[0]
+        watch.begin()
     out: list[tuple[str, str | None, tuple | None]] = []
+    seen: list = [] if ignores is None and watch is not None else ignores
+    plain = [True]
     for top, expect in zip(SPEC_DIRS, (None, "ExecutionTemplate")):
-        _walk_into(os.path.join(root, top), expect, ignores, out)
+        _walk_into(os.path.join(root, top), expect, seen, out, watch, plain)
+    if watch is not None:
+        watch.finish(out, seen, plain[0])
     return out
 
 
-def _walk_into(folder: str, expect: str | None, ignores: list | None, out: list) -> None:
+def _walk_into(folder: str, expect: str | None, ignores: list | None, out: list, watch=None,
+               plain: list | None = None) -> None:
+    if watch is not None:
+        watch.add(folder)  # before the listing: what changes from now on raises an event
     try:
         with os.scandir(folder) as it:
             entries = sorted(it, key=_NAME)
@@ -74,14 +90,18 @@ def _walk_into(folder: str, expect: str | None, ignores: list | None, out: list)
             try:
                 st = e.stat()
                 ignores.append([folder, [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]])
+                if watch is not None and (st.st_nlink != 1 or e.is_symlink()):
+                    plain[0] = False
             except OSError:
                 ignores.append([folder, None])
         if name.endswith((".yaml", ".yml")) and not name.startswith("."):
             try:
                 st = e.stat()
                 out.append((e.path, expect, (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)))
+                if watch is not None and (st.st_nlink != 1 or e.is_symlink()):
+                    plain[0] = False  # a change through another link or the target raises no event here
             except OSError:
                 out.append((e.path, expect, None))
     for d in dirs:
         if not d.is_symlink():  # as os.walk: links to folders are not followed
-            _walk_into(d.path, expect, ignores, out)
+            _walk_into(d.path, expect, ignores, out, watch, plain)

@@ -28,49 +28,15 @@ system, the per-user instance limit reached) means a full scan every pass, as be
 from __future__ import annotations
 
 import os
-import struct
 import weakref
 
-# <sys/inotify.h>
-IN_MODIFY, IN_ATTRIB = 0x2, 0x4
-IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x40, 0x80, 0x100, 0x200
-IN_DELETE_SELF, IN_MOVE_SELF = 0x400, 0x800
-IN_UNMOUNT, IN_Q_OVERFLOW, IN_IGNORED = 0x2000, 0x4000, 0x8000
-IN_ONLYDIR = 0x01000000
-MASK = (IN_MODIFY | IN_ATTRIB | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_DELETE_SELF
-        | IN_MOVE_SELF | IN_ONLYDIR)
-LOST = IN_DELETE_SELF | IN_MOVE_SELF | IN_UNMOUNT | IN_Q_OVERFLOW | IN_IGNORED  # the watch must be set up again
-_EVENT = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of NUL-padded name
-
-# statfs(2) f_type of local file systems (include/uapi/linux/magic.h; ZFS_SUPER_MAGIC in OpenZFS).
-LOCAL_FS = {0xEF53: "ext2/3/4", 0x58465342: "xfs", 0x9123683E: "btrfs", 0x01021994: "tmpfs",
-            0x794C7630: "overlayfs", 0xF2F52010: "f2fs", 0x2FC12FC1: "zfs", 0xCA451A4E: "bcachefs",
-            0x52654973: "reiserfs", 0x3153464A: "jfs"}
+from reconciler.core.inotify import EVENT as _EVENT, LOCAL_FS, LOST, MASK, fs_type, libc as _libc  # noqa: F401
 
 
 def relevant(name: bytes) -> bool:
     """A name ``store.load_all`` reads (``*.yaml``, not hidden): other files in status/ (the
     ledger's README and curves, temporaries before their rename) change nothing it returns."""
     return name.endswith(b".yaml") and not name.startswith(b".")
-
-
-def _libc():
-    import ctypes
-
-    return ctypes, ctypes.CDLL("libc.so.6", use_errno=True)
-
-
-def fs_type(path: str) -> int | None:
-    """statfs(2)'s f_type of the file system holding ``path`` (the first field of struct statfs,
-    a word on Linux), or None where it cannot be asked."""
-    try:
-        ctypes, libc = _libc()
-        buf = ctypes.create_string_buffer(512)  # larger than struct statfs on every Linux ABI
-        if libc.statfs(os.fsencode(path), buf) != 0:
-            return None
-        return ctypes.c_ulong.from_buffer(buf).value & 0xFFFFFFFF
-    except (OSError, AttributeError):
-        return None
 
 
 class DirWatch:

@@ -229,9 +229,11 @@ class Ledger:
         self._made_from: dict[str, RunStatus] = {}
 
     def refresh(self, status_dir: Path, loaded: dict[str, RunStatus], written: dict[str, RunStatus],
-                now: float) -> list[str]:
+                now: float, present: frozenset[str] | None = None) -> list[str]:
         """Update rows (runs first seen in ``loaded``, and every run ``written`` this pass), drop
-        runs whose status file is gone, and write the README and due SVGs. Returns what was written."""
+        runs whose status file is gone, and write the README and due SVGs. Returns what was written.
+        ``present``: the names of the status files before this pass wrote, when the caller knows
+        them (the status cache's watched listing); else the folder is listed."""
         changed = False
         # Loaded: the runs this pass read (the settled ones it did not are kept as they were);
         # a status file rewritten from outside (the daemon's reset to its remote) is read again.
@@ -245,11 +247,12 @@ class Ledger:
                     self.rows[name] = new
                     changed = True
         self._made_from = {**loaded, **written}
-        try:
-            present = {e.name[:-5] for e in os.scandir(status_dir) if e.name.endswith(".yaml")}
-        except FileNotFoundError:
-            present = set()
-        for name in set(self.rows) - present:
+        if present is None:
+            try:
+                present = {e.name[:-5] for e in os.scandir(status_dir) if e.name.endswith(".yaml")}
+            except FileNotFoundError:
+                present = set()
+        for name in [n for n in self.rows if n not in present and n not in written]:
             del self.rows[name]
             changed = True
         out = []

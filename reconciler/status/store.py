@@ -166,26 +166,39 @@ class StatusCache:
         self.watch: DirWatch | None = None
         self._listing: list | None = None
         self._watched = False
+        self._reused = False  # the last load_all took the kept listing (its files are as listed)
+        self._names: frozenset[str] | None = None  # the run names of the kept listing, made once
 
     def forget(self, name: str) -> None:
         self._items.pop(f"{name}.yaml", None)
 
+    def present(self) -> frozenset[str] | None:
+        """The names of the status files the last ``load_all`` found, when it took them from the
+        kept listing (the watch saw nothing since the scan): what a caller would otherwise list
+        the folder again for. None when that load scanned."""
+        if not self._reused or self._listing is None:
+            return None
+        if self._names is None:
+            self._names = frozenset(name[:-5] for name, _, _ in self._listing)
+        return self._names
+
     def listing(self, folder: Path) -> list | None:
         """The last full scan's files when the folder watch saw nothing since; else None, and a
         full scan follows (the watch, drained, is in place before it when ``_watched``)."""
-        self._watched = False
+        self._watched = self._reused = False
         if self.watch is None or self.watch.path != os.fspath(folder):
             return None
         quiet = self.watch.unchanged()
         if quiet and self._listing is not None:
+            self._reused = True
             return self._listing
-        self._listing = None
+        self._listing = self._names = None
         self._watched = self.watch.armed
         return None
 
     def scanned(self, folder: Path, files: list, trusted: bool) -> None:
         """A full scan's files: kept for ``listing`` when ``trusted``; a large folder gets a watch."""
-        self._listing = files if trusted else None
+        self._listing, self._names = (files if trusted else None), None
         if len(files) >= WATCH_FROM and (self.watch is None or self.watch.path != os.fspath(folder)):
             if self.watch is not None:
                 self.watch.close()

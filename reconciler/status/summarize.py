@@ -359,6 +359,43 @@ def _steady(prev: RunStatus | None, change, outcome) -> bool:
     return True
 
 
+_NONE = Action.NONE  # an Enum member looked up on its class costs a call
+
+
+def unchanged(prev: RunStatus | None, change, obs) -> bool:
+    """Whether ``summarize`` of ``change`` without an outcome returns ``prev`` itself: ``_steady``
+    and ``_refresh`` finding nothing that moved, with the conditions walked once. Asked first of
+    every run of a pass (engine/loop.py), so that the bulk of a steady pass makes no other call;
+    tests/status/test_status.py holds it to summarize."""
+    if (prev is None or change.action != _NONE or prev.phase != change.phase
+            or prev.generation != change.generation or prev.attempt != change.attempt or not prev.history
+            or (change.spec_digest is not None and prev.spec.digest != change.spec_digest)):
+        return False
+    reachable = stall = None
+    for c in prev.conditions:
+        if c.type == "MachineReachable":
+            if reachable is None:
+                reachable = c
+        elif c.type == "Stalled" and stall is None:
+            stall = c
+    if reachable is not None and reachable.status != "True":
+        return False
+    stalled = change.stalled
+    if stalled:
+        if stall is None or stall.status != "True" or stall.message != stalled:
+            return False
+    elif stall is not None and stall.status == "True" and change.phase == "Running":
+        return False
+    if obs is None:
+        return True
+    if obs.progress and obs.progress != prev.progress:
+        return False
+    if prev.handle is not None and obs.pid and not prev.handle.pid:
+        return False
+    outputs = getattr(obs, "outputs", None)
+    return outputs is None or outputs == prev.outputs
+
+
 def _refresh(prev: RunStatus, change, obs, now: float) -> RunStatus:
     """A steady run's status: only progress and the Stalled condition can move. Returns ``prev``
     itself when nothing did, so the common case costs no copy and no comparison."""

@@ -12,6 +12,7 @@ import pytest
 from reconciler.core.runstatus import RunStatus
 from reconciler.status import dirwatch
 from reconciler.status import store as st
+from tests.repo_helpers import Listings
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "O_CLOEXEC") or not Path("/proc/self").exists(),
                                 reason="inotify is Linux's")
@@ -19,20 +20,6 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "O_CLOEXEC") or not Path("/proc/
 
 def _write(folder: Path, name: str, message: str = "") -> None:
     assert st.write_if_changed(folder, RunStatus(name=name, phase="Succeeded", message=message))
-
-
-class _Scans:
-    """Counts full scans of the folder (``os.scandir`` as store.py calls it)."""
-
-    def __init__(self, monkeypatch) -> None:
-        self.count = 0
-        real = os.scandir
-
-        def counting(path):
-            self.count += 1
-            return real(path)
-
-        monkeypatch.setattr(st.os, "scandir", counting)
 
 
 @pytest.fixture
@@ -44,7 +31,7 @@ def folder(tmp_path, monkeypatch) -> Path:
     return d
 
 
-def _quiet(folder: Path, cache: st.StatusCache, scans: _Scans) -> None:
+def _quiet(folder: Path, cache: st.StatusCache, scans: Listings) -> None:
     """Loads until one is served by the watch alone (the first scan makes it, the second is the
     first it vouches for)."""
     for _ in range(3):
@@ -56,7 +43,7 @@ def _quiet(folder: Path, cache: st.StatusCache, scans: _Scans) -> None:
 
 
 def test_a_quiet_folder_is_not_scanned_and_every_change_is_seen(folder, monkeypatch):
-    scans = _Scans(monkeypatch)
+    scans = Listings(monkeypatch, st)
     cache = st.StatusCache()
     _quiet(folder, cache, scans)
     n = scans.count
@@ -99,7 +86,7 @@ def test_a_quiet_folder_is_not_scanned_and_every_change_is_seen(folder, monkeypa
 
 
 def test_a_folder_replaced_or_moved_is_scanned_again(folder, monkeypatch):
-    scans = _Scans(monkeypatch)
+    scans = Listings(monkeypatch, st)
     cache = st.StatusCache()
     _quiet(folder, cache, scans)
     other = folder.parent / "other"
@@ -114,7 +101,7 @@ def test_a_folder_replaced_or_moved_is_scanned_again(folder, monkeypatch):
 
 
 def test_a_linked_status_file_keeps_the_folder_scanned(folder, monkeypatch, tmp_path):
-    scans = _Scans(monkeypatch)
+    scans = Listings(monkeypatch, st)
     cache = st.StatusCache()
     target = tmp_path / "elsewhere"
     _write(target, "r5", "first")
@@ -129,7 +116,7 @@ def test_a_linked_status_file_keeps_the_folder_scanned(folder, monkeypatch, tmp_
 
 def test_a_folder_on_a_network_file_system_is_scanned_every_time(folder, monkeypatch):
     monkeypatch.setattr(dirwatch, "fs_type", lambda path: 0x6969)  # NFS: changes from other hosts raise no event
-    scans = _Scans(monkeypatch)
+    scans = Listings(monkeypatch, st)
     cache = st.StatusCache()
     for i in range(4):
         st.load_all(folder, cache, skip={})
@@ -143,7 +130,7 @@ def test_the_local_file_system_is_recognised():
 
 
 def test_settled_files_are_skipped_with_their_last_key(folder, monkeypatch):
-    scans = _Scans(monkeypatch)
+    scans = Listings(monkeypatch, st)
     cache = st.StatusCache()
     _quiet(folder, cache, scans)
     keys = {n[:-5]: k for n, (k, _) in cache._items.items()}
