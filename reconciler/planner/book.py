@@ -48,6 +48,7 @@ class PlanBook:
     _effective: dict = field(default_factory=dict)  # id(run) → (run, its Effective), without a content digest
     _kept: dict = field(default_factory=dict)  # template name → its runs' Effectives kept across plans
     shapes: dict = field(default_factory=dict)  # id(Effective) → its placement Shape (placement.py)
+    plain: dict = field(default_factory=dict)  # id(Effective) → its Shape, for a plain request of owned machines
     judged: dict = field(default_factory=dict)  # Shape → (room count, the verdicts) of a judged request without room
     ruled_out: dict = field(default_factory=dict)  # run → machines this plan ruled out for it (ruled_out.py)
     _placed: list = field(default_factory=list)  # (machine, run) placed before anything asked who runs where
@@ -58,6 +59,9 @@ class PlanBook:
     # What the plan reads of each run's spec, read in one pass in name order (read_runs):
     reads: dict = field(default_factory=dict)  # run name → (priority class, team, digest, rel, affinity?, Effective)
     stopped: set = field(default_factory=set)  # runs whose spec says desiredState: Stopped
+    # run name → its entry, for a new run that launch.new_run takes: no status, nothing of it
+    # observed, every machine answering, not stopped.
+    fresh: dict = field(default_factory=dict)
 
     def any_down(self) -> bool:
         """Whether some machine does not answer: when none does, no start can be held for one
@@ -73,7 +77,8 @@ class PlanBook:
         priority and team order, which jumps across them; reading the spec models there, each
         a few scattered objects, costs a cache miss for every one of them. A run's spec reads
         the same for the whole plan; an Effective not kept yet is resolved when it is needed."""
-        runs, reads, stopped = self.desired.runs, self.reads, self.stopped
+        runs, reads, stopped, fresh, previous = self.desired.runs, self.reads, self.stopped, self.fresh, self.previous
+        answer, observed = not self.any_down(), self.world.names()  # nothing is fresh while a machine is down
         policy = self.desired.policy
         label = policy.spec.teamLabel if policy is not None else None
         kept_by_template: dict = {}  # template name → its kept Effectives (None: no such template)
@@ -94,6 +99,8 @@ class PlanBook:
                            kept.get(digest) if kept is not None else None)
             if spec.desiredState == "Stopped":
                 stopped.add(name)
+            elif answer and name not in observed and previous.get(name) is None:
+                fresh[name] = entry
 
     def _kept_for(self, name: str, template) -> dict | None:
         """The kept Effectives of the runs of template ``name`` (as ``effective`` finds them)."""

@@ -8,7 +8,9 @@ same room decides every placement, so a plan never hands out a GPU twice.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Callable
 
 from reconciler.core.identity import parse
@@ -81,12 +83,13 @@ class Slot:
     def _free(self, gpu_type: str | None) -> list[int]:
         if self.gpu_error:  # foreign_gpus: avoid, and who uses the GPUs is unknown: none is free
             return []
-        key = gpu_type.lower() if gpu_type else None
-        of_type = self._of_type.get(key)
-        if of_type is None:  # the machine's GPUs do not change within a plan: sorted and matched once
-            of_type = self._of_type[key] = [i for i, t in sorted(self.gpu_types.items())
-                                            if key is None or t.lower() == key]
-        return [i for i in of_type if i not in self.used_gpus]
+        of_type = self._of_type
+        if not of_type:  # the machine's GPUs do not change within a plan: sorted and sorted by type once
+            of_type[None] = every = sorted(self.gpu_types)
+            for i in every:
+                of_type.setdefault(self.gpu_types[i].lower(), []).append(i)
+        used = self.used_gpus
+        return [i for i in of_type.get(gpu_type.lower() if gpu_type else None, ()) if i not in used]
 
     def why_not(self, gpu_count: int, gpu_type: str | None) -> str | None:
         if not self.reachable:
@@ -133,12 +136,17 @@ class Slot:
         if got and counts:
             # The counts _free would give now, kept rather than rebuilt: each GPU taken was free, so
             # it leaves the count of its own type and that of any type (the room index re-reads
-            # every type's count after each placement).
-            types = self.gpu_types
-            for i in got:
-                key = types[i].lower()
+            # every type's count after each placement). GPUs of one asked-for type are all of it.
+            if gpu_type:
+                key = gpu_type.lower()
                 if key in counts:
-                    counts[key] -= 1
+                    counts[key] -= len(got)
+            else:
+                types = self.gpu_types
+                for i in got:
+                    key = types[i].lower()
+                    if key in counts:
+                        counts[key] -= 1
             if None in counts:
                 counts[None] -= len(got)
         if self.room is not None:
@@ -214,70 +222,80 @@ class RoomIndex:
         names = sorted(self.by_name)
         self.rank = {n: r for r, n in enumerate(names)}  # a machine's place in name order
         self.slot_of = [self.by_name[n] for n in names]  # rank → its Slot
-        self.where: dict = {}  # gpu type key → {rank → its (free, tasks) bucket}; absent: not available
-        self.members: dict = {}  # gpu type key → {free count → names of the machines with that many}
+        self.where: dict = {}  # gpu type key → [rank → its (free, tasks) bucket; None: not available]
+        self.counts: dict = {}  # gpu type key → [free count → how many available machines have that many]
         self.heaps: dict = {}  # gpu type key → {(free, tasks) → heap of ranks}
         self.order: dict = {}  # gpu type key → its buckets, sorted (a new bucket sorts them again)
 
     def _built(self, key: str | None) -> None:
-        if key in self.members:
+        if key in self.where:
             return
-        where: dict = {}
-        members: dict = {}
+        where: list = [None] * len(self.slot_of)
+        counts: list[int] = []
         heaps: dict = {}
-        self.where[key], self.members[key], self.heaps[key] = where, members, heaps
         for r, s in enumerate(self.slot_of):
             if s.available():
                 f = s.free_count(key)
                 where[r] = b = (f, s.tasks)
-                members.setdefault(f, set()).add(s.name)
+                if f >= len(counts):
+                    counts.extend([0] * (f + 1 - len(counts)))
+                counts[f] += 1
                 heaps.setdefault(b, []).append(r)  # ranks ascending: each list is a heap already
+        self.where[key], self.counts[key], self.heaps[key] = where, counts, heaps
         self.order[key] = sorted(heaps)
 
     def _move(self, key, r: int, s: Slot, available: bool) -> None:
         """Machine ``r`` (``s``) to the bucket its room puts it in now, for GPU type ``key``."""
-        where, members = self.where[key], self.members[key]
-        old = where.get(r)
+        where = self.where[key]
+        old = where[r]
         if not available:
             if old is not None:
-                del where[r]
-                members[old[0]].discard(s.name)
+                where[r] = None
+                self.counts[key][old[0]] -= 1
             return
         b = (f := s.free_count(key), s.tasks)
         if b == old:
             return
         if old is None or old[0] != f:
+            counts = self.counts[key]
             if old is not None:
-                members[old[0]].discard(s.name)
-            names = members.get(f)
-            if names is None:
-                names = members[f] = set()
-            names.add(s.name)
+                counts[old[0]] -= 1
+            if f >= len(counts):
+                counts.extend([0] * (f + 1 - len(counts)))
+            counts[f] += 1
         where[r] = b
-        heap = self.heaps[key].get(b)
+        heaps = self.heaps[key]
+        heap = heaps.get(b)
         if heap is None:
-            heap = self.heaps[key][b] = []
-            self.order[key] = sorted(self.heaps[key])
+            heap = heaps[b] = []
+            self.order[key] = sorted(heaps)
         heapq.heappush(heap, r)
 
     def best(self, gpu_type: str | None, count: int) -> Slot | None:
         key = gpu_type.lower() if gpu_type else None
-        if key not in self.members:
+        if key not in self.where:
             self._built(key)
         where, heaps, pop = self.where[key], self.heaps[key], heapq.heappop
+        order = self.order[key]
+        if count:
+            # With GPUs, the first bucket in (free, tasks) order that holds a machine has the best;
+            # the buckets with fewer free GPUs than asked are passed over by a bisection.
+            for b in islice(order, bisect_left(order, (count,)), None):
+                heap = heaps[b]
+                while heap:
+                    r = heap[0]
+                    if where[r] == b:
+                        return self.slot_of[r]
+                    pop(heap)  # left this bucket since
+            return None
         found = None  # (tasks, rank) of the best so far
-        for b in self.order[key]:  # (free, tasks) ascending: a handful
-            if found is not None:
-                if count:
-                    break  # with GPUs, the first bucket that holds a machine has the best
-                if b[1] > found[0]:
-                    continue  # without: the fewest tasks in any bucket, then the name
-            if b[0] < count:
-                continue
+        for b in order:  # (free, tasks) ascending: a handful
+            if found is not None and b[1] > found[0]:
+                continue  # without GPUs: the fewest tasks in any bucket, then the name
             heap = heaps[b]
             while heap:
                 r = heap[0]
-                if where.get(r) != b:
+                if where[r] != b:
                     pop(heap)  # left this bucket since
                     continue
                 if found is None or (b[1], r) < found:
@@ -287,19 +305,24 @@ class RoomIndex:
 
     def fitting(self, gpu_type: str | None, count: int) -> int:
         key = gpu_type.lower() if gpu_type else None
-        if key not in self.members:
+        if key not in self.where:
             self._built(key)
-        return sum([len(names) for f, names in self.members[key].items() if f >= count])
+        return sum(self.counts[key][count:])
 
     def fitting_names(self, gpu_type: str | None, count: int) -> list[str]:
+        """The machines ``fitting`` counts, by name (asked only when there are a few)."""
         key = gpu_type.lower() if gpu_type else None
         self._built(key)
-        return sorted(n for f, names in self.members[key].items() if f >= count for n in names)
+        where, heaps, order = self.where[key], self.heaps[key], self.order[key]
+        # Every machine is in the heap of its bucket (entries of buckets it left are passed over),
+        # and a rank is a place in name order.
+        ranks = {r for b in islice(order, bisect_left(order, (count,)), None) for r in heaps[b] if where[r] == b}
+        return [self.slot_of[r].name for r in sorted(ranks)]
 
     def changed(self, s: Slot) -> None:
         r = self.rank[s.name]
         available = s.available()  # the same for every GPU type: asked once
-        for key in self.members:
+        for key in self.where:
             self._move(key, r, s, available)
 
 

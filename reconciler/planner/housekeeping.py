@@ -4,6 +4,8 @@ clean, and checkpoints to copy off rented machines.
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 from reconciler.core.actions import Action
 from reconciler.core.identity import parse
 from reconciler.core.names import LOCAL
@@ -34,16 +36,22 @@ def _saves(plan: Plan, world: ObservedWorld) -> list[Change]:
 def _accounted(plan: Plan) -> set[str]:
     """Identities some change of the plan already deals with."""
     changes = plan.changes
-    covered = {c.identity for c in changes}  # every change names one (or None, or "": taken out below)
+    covered = set(map(_IDENTITY, changes))  # every change names one (or None, or "": taken out below)
     covered.discard(None)
     covered.discard("")
-    # Most changes stop, clean and collect nothing: those that do are picked out in one sweep.
-    for c in [c for c in changes if c.kill or c.cleanup or c.collect_first is not None]:
+    # Most changes stop, clean and collect nothing: those that do are picked out by sweeps that
+    # run in C (a Kill is always true: collect_first is set exactly when it is not None).
+    for c in filter(_KILL, changes):
         covered.update(k.identity for k in c.kill)
+    for c in filter(_CLEANUP, changes):
         covered.update(k.identity for k in c.cleanup)
-        if c.collect_first is not None:
-            covered.add(c.collect_first.identity)
+    for c in filter(_COLLECT_FIRST, changes):
+        covered.add(c.collect_first.identity)
     return covered
+
+
+_IDENTITY, _KILL, _CLEANUP, _COLLECT_FIRST = (attrgetter("identity"), attrgetter("kill"), attrgetter("cleanup"),
+                                              attrgetter("collect_first"))
 
 
 def _attempt(ident: str) -> str:

@@ -16,7 +16,7 @@ from reconciler.spec.load import DesiredState, RunEntry
 from reconciler.spec.resolve import effective
 
 from .book import PlanBook
-from .placement import _launch_action, _place, _place_plain
+from .placement import _chosen, _launch_action, _place, _without_room
 from .quota import _offer_gpus
 from .rentals import place_rental
 
@@ -72,37 +72,46 @@ def launch(name: str, entry: RunEntry, prev: RunStatus | None, desired: DesiredS
 def new_run(name: str, entry: RunEntry, desired: DesiredState, book: PlanBook, missing: list[str]) -> list[Change]:
     """The launch of a new run, as lifecycle.new_run gives it (generation 1, attempt 1, nothing
     stale, no earlier attempt to resume), with the layers between taken out for the bulk of a
-    queue: a plain request of a shape this plan has already placed on owned machines (its
-    ``placement.Shape`` has a room index; a Shape exists only for a template placed there) goes
-    from the quota check straight to ``_place_plain``, the same steps ``launch`` and ``_place``
-    take for it. Every other run, and the first of each shape, takes ``launch``."""
+    queue: a plain request of a shape this plan has already placed on owned machines
+    (``book.plain``: its ``placement.Shape`` has a room index) goes from the quota check straight
+    to the room index, the same steps ``launch``, ``_place`` and ``_place_plain`` take for it.
+    Every other run, and the first of each shape, takes ``launch``."""
     read = book.reads.get(name)  # the spec as PlanBook.read_runs read it: its models are not touched again
     if read is None:
         return launch(name, entry, None, desired, book, missing, [], {
             "generation": 1, "attempt": 1, "spec_digest": entry.digest, "spec_path": entry.rel}, 1, 1, "NewRun",
             "new run")
-    _, _, digest, rel, near, eff = read
-    base = {"generation": 1, "attempt": 1, "spec_digest": digest, "spec_path": rel}
+    eff = read[5]
     if eff is None:
         eff = book.effective(entry)
-    shape = book.shapes.get(id(eff))
-    if (missing or near or shape is None or shape.eff is not eff or shape.index is None or shape.gang
-            or shape.constrained or not shape.candidates or book.ruled_out.get(name)):
+    shape = book.plain.get(id(eff))
+    base = {"generation": 1, "attempt": 1, "spec_digest": read[2], "spec_path": read[3]}
+    if shape is None or missing or read[4] or (book.ruled_out and book.ruled_out.get(name)):
         return launch(name, entry, None, desired, book, missing, [], base, 1, 1, "NewRun", "new run")
     ident = f"{name}-g1-a1"  # identity.make(name, 1, 1), without its tuple (tests/planner/test_bulk_change.py)
     quotas, wanted_gpus = book.quotas, shape.wanted_gpus
     if quotas is not None:
-        over = quotas.exceeded(name, wanted_gpus)
+        over = quotas.exceeded_by(read[1], wanted_gpus)  # read[1]: the run's team, as quotas.team gives it
         if over:
             return [bulk_change(name, Action.WAIT, "QuotaExceeded", over, "Pending", base, ident, None, None, [], [],
                                 60.0, None, [])]
     known = book.no_room.get(shape.memo_key)
-    if known is not None and not shape.fallback and not book.preempts:
-        # The wait _place_plain gives a request that found no room before (most of a long queue).
+    if known is None:
+        slot = shape.index.best(shape.gpu_type, shape.gpu_count)
+        if slot is not None:
+            c = _chosen(name, shape, slot, shape.candidates, ident, Action.LAUNCH, "NewRun", "new run", [], base, None,
+                        book)
+            if quotas is not None:
+                note = quotas.launched(read[1], wanted_gpus)
+                if note:
+                    c.considered.append(note)
+            return [c]
+    elif not shape.fallback and not book.preempts:
+        # The wait _without_room gives a request that found no room before (most of a long queue).
         return [bulk_change(name, Action.WAIT, "NoCapacity", known[1], "Pending", base, ident, None, None, [], [],
                             30.0, None, list(known[0]))]
-    out = _place_plain(name, entry, desired, shape, shape.candidates, ident, Action.LAUNCH, "NewRun", "new run", [],
-                       base, None, book)
+    out = _without_room(name, entry, desired, shape, shape.candidates, ident, Action.LAUNCH, "NewRun", "new run", [],
+                        base, None, book, known)
     c = out[-1]
     if quotas is not None and c.action in STARTS:
         _count(quotas, desired, name, c, wanted_gpus)

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import gc
 import threading
-from contextlib import contextmanager
 
 from reconciler.core.observed import ObservedWorld
 from reconciler.core.plan import Plan, PlanSettings
@@ -58,26 +57,29 @@ _gc_lock = threading.Lock()
 _gc_state = {"plans": 0, "was_enabled": False}  # plans being computed now, in any thread
 
 
-@contextmanager
-def _collector_paused():
+def _pause_collector() -> None:
     """The cyclic garbage collector held off while a plan is computed. A plan allocates tens of
     thousands of small objects (changes, their lists) that outlive it, and that alone sets off
     full collections, each walking the whole heap (every spec model of the desired state): more
     CPU than the plan's own work. What the plan frees is freed by reference counting; cycles, if
     any, wait for the next collection after it. Counted, so that plans computed at once in
-    threads leave the collector as the first found it."""
+    threads leave the collector as the first found it (``_resume_collector``)."""
     with _gc_lock:
         if _gc_state["plans"] == 0:
             _gc_state["was_enabled"] = gc.isenabled()
             gc.disable()
         _gc_state["plans"] += 1
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            _gc_state["plans"] -= 1
-            if _gc_state["plans"] == 0 and _gc_state["was_enabled"]:
-                gc.enable()
+
+
+def _resume_collector() -> None:
+    # Plain calls rather than a context manager: a generator's exit allocates (its StopIteration),
+    # and the first allocation after the collector is back starts the young collection of all
+    # the plan allocated. That collection comes at the caller's next allocation instead (in a
+    # pass, after it: the engine holds the collector off for the whole pass, engine/collector.py).
+    with _gc_lock:
+        _gc_state["plans"] -= 1
+        if _gc_state["plans"] == 0 and _gc_state["was_enabled"]:
+            gc.enable()
 
 
 def make_plan(desired: DesiredState, world: ObservedWorld, previous: dict[str, RunStatus], now: float,
@@ -87,8 +89,11 @@ def make_plan(desired: DesiredState, world: ObservedWorld, previous: dict[str, R
     "none"); they are left out of the plan. A long-lived reconciler uses it to keep thousands of
     finished runs out of memory. ``missing_secrets``: per run, the secrets it names that the
     reconciler host does not have (the caller looks; the planner stays pure)."""
-    with _collector_paused():
+    _pause_collector()
+    try:
         return _make_plan(desired, world, previous, now, settings, settled, missing_secrets)
+    finally:
+        _resume_collector()
 
 
 def _make_plan(desired, world, previous, now, settings, settled, missing_secrets) -> Plan:
@@ -107,10 +112,13 @@ def _make_plan(desired, world, previous, now, settings, settled, missing_secrets
     changes, runs, preempted = plan.changes, desired.runs, book.preempted  # read for every run
     # A new run (no status, nothing observed) while every machine answers gets the launch
     # lifecycle.new_run gives, without the general walk (launch.new_run: the bulk of a queue).
-    all_answer, observed = not book.any_down(), world.names()
     book.read_runs(names)  # each spec read once, in name order
-    stopped = book.stopped
+    stopped, fresh = book.stopped, book.fresh  # fresh: such new runs, found by read_runs
     for name in placement_order(desired, names, previous, book.quotas, book.reads):
+        entry = fresh.get(name)
+        if entry is not None and name not in preempted:
+            changes.extend(new_run(name, entry, desired, book, missing_secrets.get(name, ())))
+            continue
         prev = previous.get(name)
         if name in invalid:
             changes.append(_invalid(name, desired.invalid[name], prev, world))
@@ -121,9 +129,6 @@ def _make_plan(desired, world, previous, now, settings, settled, missing_secrets
             continue
         if name in preempted:
             changes.append(_preempted(name, entry, prev, preempted[name]))
-            continue
-        if prev is None and all_answer and name not in observed:
-            changes.extend(new_run(name, entry, desired, book, missing_secrets.get(name, ())))
             continue
         changes.extend(_running(name, entry, prev, world, desired, settings, now,
                                 missing_secrets.get(name, ()), book))

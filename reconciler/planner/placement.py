@@ -61,6 +61,8 @@ def _place(name, entry, desired, slots, ident, code, why, stale, base, resume_fr
     shape = book.shapes.get(id(eff))
     if shape is None or shape.eff is not eff:  # pinned: an id is not reused while the shape holds it
         shape = book.shapes[id(eff)] = Shape(eff, desired.templates[spec.template], book)
+        if shape.index is not None and not shape.gang and not shape.constrained and shape.candidates:
+            book.plain[id(eff)] = shape  # a new run of it may take launch.new_run's short way
     res = eff.resources
     candidates = shape.candidates
     candidates, ruled = without_ruled_out(book, name, ident, candidates)  # ruled_out.py: the machine's ends
@@ -93,6 +95,15 @@ def _place_plain(name, entry, desired, shape: Shape, candidates, ident, action, 
         if slot is not None:
             return [_chosen(name, shape, slot, candidates, ident, action, code, why, stale, base, resume_from,
                             book)]
+    return _without_room(name, entry, desired, shape, candidates, ident, action, code, why, stale, base, resume_from,
+                         book, known)
+
+
+def _without_room(name, entry, desired, shape: Shape, candidates, ident, action, code, why, stale, base,
+                  resume_from, book, known) -> list[Change]:
+    """A plain request the room index has no machine for: a preemption, a rental with ``fallback:
+    rental``, else a wait. ``known``: the kept reason there is none (None: worked out now, and kept)."""
+    if known is None:
         known = book.no_room[shape.memo_key] = _no_room(candidates, shape.eff.resources, none_fit=True)
     rejected, reason = known
     if not shape.fallback:

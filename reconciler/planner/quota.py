@@ -10,7 +10,6 @@ team past ``maxGpus`` or ``maxPricePerHour`` waits with ``QuotaExceeded``.
 from __future__ import annotations
 
 import heapq
-from collections import deque
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Iterator
@@ -41,15 +40,14 @@ def placement_order(desired: DesiredState, names: list[str], previous: dict[str,
     served (the time a run's status first recorded it); then by name. Without a Policy: by
     name. Deterministic: an iterator that reads ``quotas`` as placements update it. ``reads``:
     each run's priority class and team, read already (PlanBook.read_runs)."""
-    groups: dict[int, list[str]] = {}
     values: dict = {}  # priority class asked for → its value: a few classes, thousands of runs
-    label = desired.policy.spec.teamLabel if desired.policy is not None and quotas is not None else None
-    teams = quotas._teams if label is not None else {}  # as quotas.known(name, team) would set, without the call
+    fair = desired.policy is not None and quotas is not None
+    label = desired.policy.spec.teamLabel if fair else None
+    teams = quotas._teams if fair else {}  # as quotas.known(name, team) would set, without the call
     runs = desired.runs
-    # When each run's status first recorded it ("~" without one: after every recorded run), for
-    # the fair order; only the runs with a status are listed.
-    first = ({name: prev.history[0].time if prev.history else "~" for name in names
-              if (prev := previous.get(name)) is not None} if label is not None else {})
+    # priority value → (with a Policy) team → its runs, or (without) the runs; each sorted by name
+    # where it is used (in linear time: ``names`` is sorted already).
+    groups: dict = {}
     reads = reads or {}
     for name in names:
         read = reads.get(name)
@@ -60,49 +58,65 @@ def placement_order(desired: DesiredState, names: list[str], previous: dict[str,
             run = entry.run if entry is not None else None
             wanted = run.spec.priority if run is not None else None
             team = run.metadata.labels.get(label) if run is not None and label is not None else None
-        if label is not None:
-            teams[name] = team
         value = values.get(wanted)
         if value is None:
             value = values[wanted] = priority_of(desired, runs.get(name))[0]
         group = groups.get(value)
         if group is None:
-            group = groups[value] = []
-        group.append(name)
+            group = groups[value] = {} if fair else []
+        if fair:
+            teams[name] = team
+            queue = group.get(team or "")  # "": the runs without a team, together
+            if queue is None:
+                queue = group[team or ""] = []
+            queue.append(name)
+        else:
+            group.append(name)
     # Chained rather than yielded from: each run passes through one generator, not two. A group's
     # fair order starts only when the chain reaches it, after the groups before have been placed.
-    fair = desired.policy is not None and quotas is not None
-    return chain.from_iterable(_fair(groups[value], quotas, first) if fair else sorted(groups[value])
-                               for value in sorted(groups, reverse=True))
+    if not fair:
+        return chain.from_iterable(sorted(groups[value]) for value in sorted(groups, reverse=True))
+    # When each run's status first recorded it, for the fair order (a run without one counts as
+    # "~": after every recorded run); only the runs with a status are listed.
+    first = {name: prev.history[0].time if prev.history else "~" for name, prev in previous.items()}
+    return chain.from_iterable(_fair_queues(groups[value], quotas, first) for value in sorted(groups, reverse=True))
 
 
 def _fair(group: list[str], quotas: "Quotas", known: dict[str, str]) -> Iterator[str]:
-    """One priority's runs, the team furthest below its share next: a heap of the teams by
-    (share used, their next run's time, name). A team's key changes only when its usage grows or
-    its next run goes, so only those teams are keyed again (marked in ``quotas.changed``); the
-    entries keyed before are skipped when they come up, so the choice is the minimum over every
-    team's current key, as a scan of all of them would find. ``known``: when the status of each
-    run that has one first recorded it (the others count as "~")."""
-    queues: dict[str, deque[str]] = {}
-    first = dict.fromkeys(group, "~")  # read at every re-keying: looked up once
-    first.update((name, known[name]) for name in group if name in known)
-    order = sorted(group)
-    order.sort(key=first.__getitem__)  # stable: by first record, then by name
+    """One priority's runs (``group``), the team furthest below its share next (_fair_queues)."""
+    queues: dict[str, list[str]] = {}
     teams, team_of = quotas._teams, quotas.team
-    for name in order:
+    for name in group:
         team = teams.get(name, _UNKNOWN)  # quotas.team's memo, read without the call
         team = (team_of(name) if team is _UNKNOWN else team) or ""
         queue = queues.get(team)
         if queue is None:
-            queue = queues[team] = deque()
+            queue = queues[team] = []
         queue.append(name)
+    return _fair_queues(queues, quotas, known)
+
+
+def _fair_queues(queues: dict[str, list[str]], quotas: "Quotas", known: dict[str, str]) -> Iterator[str]:
+    """One priority's runs, by team (``queues``: each team's runs, in any order), the
+    team furthest below its share next: a heap of the teams by (share used, their next run's
+    time, name). A team's key changes only when its usage grows or its next run goes, so only
+    those teams are keyed again (marked in ``quotas.changed``); the entries keyed before are
+    skipped when they come up, so the choice is the minimum over every team's current key, as a
+    scan of all of them would find. ``known``: when the status of each run that has one first
+    recorded it (the others count as "~"); a team's runs go by that time, then by name."""
+    since = known.get
+    for queue in queues.values():
+        queue.sort()  # by name (linear on runs in name order already)
+        if known and any(name in known for name in queue):
+            queue.sort(key=lambda name: since(name, "~"))  # stable: by first record, then by name
+        queue.reverse()  # each team's next run last: taken with pop()
     keys: dict[str, tuple] = {}
     heap: list[tuple] = []
     weight = {team: quotas.weight(team) for team in queues}  # the Policy is fixed: its shares too
     usage, none = quotas.usage, (0.0, 0.0)
 
     def rekey(team: str) -> None:  # the key share_used() gives, without its look-ups
-        key = keys[team] = (usage.get(team, none)[0] / weight[team], first[queues[team][0]], team)
+        key = keys[team] = (usage.get(team, none)[0] / weight[team], since(queues[team][-1], "~"), team)
         heapq.heappush(heap, key)
 
     for team in queues:
@@ -127,16 +141,23 @@ def _fair(group: list[str], quotas: "Quotas", known: dict[str, str]) -> Iterator
         if keys.get(team) != key:
             continue  # keyed again since, or done
         queue = queues[team]
-        yield queue.popleft()
-        if not queue:
-            del queues[team], keys[team]
-        elif team not in changed:  # else keyed again at the top, with its new usage
+        while True:
+            yield queue.pop()
+            if not queue:
+                del queues[team], keys[team]
+                break
+            if team in changed:
+                break  # keyed again at the top, with its new usage
             # Its usage is as keyed (a change would have marked it): only its next run's time can
             # move its key, and a queue of runs with no status all have "~".
-            following = first[queue[0]]
-            if following != key[1]:
-                key = keys[team] = (key[0], following, team)
-            held = key
+            if known:
+                following = since(queue[-1], "~")
+                if following != key[1]:
+                    key = keys[team] = (key[0], following, team)
+            if changed or (heap and not key <= heap[0]):
+                held = key  # another team's key moved, or may be less: the choice is made above
+                break
+            # Still the least of every key: what holding it and taking it again above would give.
 
 
 _UNKNOWN = object()  # a run whose team is not looked up yet (None: it has none)
@@ -213,6 +234,25 @@ class Quotas:
                     f"(maxGpus {lim.maxGpus}, borrow: true)")
         return None
 
+    def launched(self, team: str | None, gpus: float) -> str | None:
+        """A launch on owned machines of a run of ``team`` (as ``team(name)`` gives it) counted, as
+        ``add(name, gpus, 0.0)`` counts it, with the note ``borrowing`` gives it, asked before."""
+        lim = self.limits(team)
+        note = None
+        if lim is not None and lim.maxGpus is not None and gpus:
+            used = self.usage.get(team, _NOTHING_USED)[0]
+            if used + gpus > lim.maxGpus:
+                note = (f"team {team} borrows {used + gpus - lim.maxGpus:g} GPU(s) of quota other teams leave "
+                        f"unused (maxGpus {lim.maxGpus}, borrow: true)")
+        if self.desired.policy is not None:
+            team = team or ""  # "": the runs without a team, together
+            u = self.usage.get(team)
+            if u is None:
+                u = self.usage[team] = [0.0, 0.0]
+            self.changed.add(team)
+            u[0] += gpus
+        return note
+
     def share_used(self, team: str) -> float:
         """GPUs the team holds per GPU of its share (maxGpus; 1 for a team without one)."""
         return self.usage.get(team, [0.0, 0.0])[0] / self.weight(team)
@@ -235,6 +275,10 @@ class Quotas:
         team = self._teams.get(name, _UNKNOWN)  # asked for every launch: the memo read without a call
         if team is _UNKNOWN:
             team = self.team(name)
+        return self.exceeded_by(team, gpus, price)
+
+    def exceeded_by(self, team: str | None, gpus: float, price: float = 0.0) -> str | None:
+        """``exceeded`` for a run of ``team`` (as ``team(name)`` gives it, read by the caller already)."""
         lim = self._limits.get(team) if self._limits else self.limits(team)  # filled by the first look-up
         if lim is None:
             return None
