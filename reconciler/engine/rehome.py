@@ -19,6 +19,7 @@ from the pass cache is in; ``tests/engine/test_passcache.py`` holds the two to t
 from __future__ import annotations
 
 import gc
+import logging
 
 from reconciler.core import identity, yamlemit
 from reconciler.spec.specfile import SpecCache
@@ -57,7 +58,10 @@ def rehome_if_due(rec) -> bool:
     if not getattr(rec, "_rehome", False):
         return False
     rec._rehome = False
-    return rehome(rec)
+    ok = rehome(rec)
+    logging.getLogger("reconciler").debug("records read back from the pass cache" if ok else
+                                          "records not read back: the next pass parses what it needs")
+    return ok
 
 
 def rehome(rec) -> bool:
