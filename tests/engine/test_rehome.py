@@ -96,3 +96,23 @@ def test_nothing_of_the_large_pass_outlives_the_read_back(tmp_path, ws_root, mon
         assert set(rec.focus.runs) == {f"r{i}" for i in range(8)} | {"bad"}
     finally:
         rec.close()
+
+
+def test_the_read_back_lets_go_of_names_the_interpreter_cached_during_the_pass(tmp_path, ws_root, monkeypatch):
+    # An attribute name built at run time (the HTTP handler's 'do_' + method) and looked up on a
+    # type stays referenced by CPython's type attribute cache: one allocated during a large pass
+    # kept an arena of it from going back. The read-back lets go of them.
+    import sys
+
+    class Handler:
+        do_GET = None
+
+    monkeypatch.setattr(rehome, "REHOME_AFTER", 5)
+    rec = reconciler(_tree(tmp_path), ws_root)
+    rec.run_pass()
+    name = "".join(["do_", "GET"])  # not interned: a string of its own, as a request's is
+    alone = sys.getrefcount(name)
+    getattr(Handler, name)
+    assert sys.getrefcount(name) > alone  # the cache holds it
+    assert rehome.rehome_if_due(rec)
+    assert sys.getrefcount(name) == alone
