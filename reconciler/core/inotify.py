@@ -1,4 +1,5 @@
-"""The few inotify(7) pieces that folder watches share (status/dirwatch.py, spec/treewatch.py).
+"""The few inotify(7) pieces that folder watches share (status/dirwatch.py, spec/treewatch.py,
+machines/local_launch.py's wait for a pid file).
 
 A watch is only as good as the kernel's view of the folder: a change made on another host of a
 network file system raises no event here, so a watch is set up only on a local file system (its
@@ -8,11 +9,12 @@ statfs(2) magic number). Everything is asked through libc with ctypes; where tha
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 
 # <sys/inotify.h>
-IN_MODIFY, IN_ATTRIB = 0x2, 0x4
+IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE = 0x2, 0x4, 0x8
 IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x40, 0x80, 0x100, 0x200
 IN_DELETE_SELF, IN_MOVE_SELF = 0x400, 0x800
 IN_UNMOUNT, IN_Q_OVERFLOW, IN_IGNORED = 0x2000, 0x4000, 0x8000
@@ -28,10 +30,43 @@ LOCAL_FS = {0xEF53: "ext2/3/4", 0x58465342: "xfs", 0x9123683E: "btrfs", 0x010219
             0x52654973: "reiserfs", 0x3153464A: "jfs"}
 
 
+@functools.cache
 def libc():
+    """(ctypes, the C library), loaded once; OSError where there is none to load."""
     import ctypes
 
     return ctypes, ctypes.CDLL("libc.so.6", use_errno=True)
+
+
+def instance() -> int | None:
+    """A new inotify instance, non-blocking and closed on exec; None where the C library or the
+    kernel offers none (the per-user instance limit, say)."""
+    try:
+        fd = libc()[1].inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    except (OSError, AttributeError):
+        return None
+    return fd if fd >= 0 else None
+
+
+def drain(fd: int, relevant=None) -> tuple[bool, bool]:
+    """Read every event queued on ``fd``: (none of them was relevant, the watch was lost: ``LOST``
+    or the instance unreadable). ``relevant(name, mask)``; None: no event is (the queue is only
+    emptied)."""
+    quiet, lost = True, False
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return quiet, lost
+        except OSError:
+            return False, True
+        if not data:
+            return False, True
+        for _, mask, name in events(data):
+            if mask & LOST:
+                lost = True
+            if relevant is not None and (mask & LOST or relevant(name, mask)):
+                quiet = False
 
 
 def fs_type(path: str) -> int | None:

@@ -24,7 +24,6 @@ added and removed on a kept one.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import select
@@ -33,15 +32,13 @@ import threading
 import time
 
 from reconciler.artifacts.safetar import read_plain
-from reconciler.core import procenv
+from reconciler.core import inotify, procenv
 from reconciler.tasks import env_lines
 from .base import WRONG_SPEC, LaunchResult, LaunchSpec
 from .launchers import CLAIMED, LATE
 
 PID_WAIT = 2.0  # seconds, as the script's 100 x 20 ms
 JOB_JSON_MAX = 16 << 20  # the bound of every read of a workspace's job.json (artifacts/bundle.py)
-IN_CLOSE_WRITE, IN_MOVED_TO = 0x08, 0x80  # <sys/inotify.h>
-IN_NONBLOCK, IN_CLOEXEC = os.O_NONBLOCK, os.O_CLOEXEC
 
 log = logging.getLogger("reconciler")
 _children: list[subprocess.Popen] = []
@@ -174,7 +171,7 @@ def wait_for_pid(rt: str, proc: subprocess.Popen, timeout: float) -> bool:
             # Without a pidfd an early exit is noticed by proc.poll() at least every 50 ms.
             ready, _, _ = select.select(fds, [], [], left if pidfd is not None else min(left, 0.05))
             if ino in ready:
-                _drain(ino)
+                inotify.drain(ino)
     finally:
         if watch is not None:
             watch.release()
@@ -182,15 +179,6 @@ def wait_for_pid(rt: str, proc: subprocess.Popen, timeout: float) -> bool:
             os.close(pidfd)
 
 
-def _drain(fd: int) -> None:
-    try:
-        while os.read(fd, 4096):
-            pass
-    except BlockingIOError:
-        pass
-
-
-_libc = None
 _idle: list[int] = []  # kept inotify instances without a watch, ready for the next launch
 _idle_lock = threading.Lock()
 
@@ -209,10 +197,10 @@ class _Watch:
         with _idle_lock:
             fd = _idle.pop() if _idle else None
         if fd is None:
-            fd = _inotify_init()
+            fd = inotify.instance()
             if fd is None:
                 return None
-        wd = _libc.inotify_add_watch(fd, os.fsencode(folder), IN_CLOSE_WRITE | IN_MOVED_TO)
+        wd = inotify.libc()[1].inotify_add_watch(fd, os.fsencode(folder), inotify.IN_CLOSE_WRITE | inotify.IN_MOVED_TO)
         if wd < 0:
             with _idle_lock:
                 _idle.append(fd)
@@ -222,21 +210,10 @@ class _Watch:
     def release(self) -> None:
         """Remove the watch and keep the instance, its queue drained: what is read from it next is
         about the next launch's folder only (the removal's own IN_IGNORED event is drained too)."""
-        _libc.inotify_rm_watch(self.fd, self.wd)
-        _drain(self.fd)
+        inotify.libc()[1].inotify_rm_watch(self.fd, self.wd)
+        inotify.drain(self.fd)
         with _idle_lock:
             _idle.append(self.fd)
-
-
-def _inotify_init() -> int | None:
-    global _libc
-    try:
-        if _libc is None:
-            _libc = ctypes.CDLL(None, use_errno=True)
-        fd = _libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
-    except (OSError, AttributeError):
-        return None
-    return fd if fd >= 0 else None
 
 
 def _pidfd(pid: int) -> int | None:

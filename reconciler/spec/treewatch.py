@@ -76,13 +76,9 @@ class TreeWatch:
             self._drain()
             self._ok = True
             return self
-        try:
-            ctypes, lib = inotify.libc()
-            fd = lib.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-        except (OSError, AttributeError):
-            return self
-        if fd < 0:
-            return self  # the per-user instance limit, say: tried again next walk
+        fd = inotify.instance()
+        if fd is None:
+            return self  # none to be had (the per-user instance limit, say): tried again next walk
         self._fd, self._ok = fd, True
         self._close = weakref.finalize(self, os.close, fd)
         return self
@@ -107,27 +103,16 @@ class TreeWatch:
 
     def finish(self, files: list, ignores: list, plain: bool) -> None:
         """The walk is done: its listing kept when every folder was watched from before its listing
-        and every file is plain (see the module's docstring); else the watches go."""
+        and every file is plain (see the module's docstring); else none is kept, and the next walk
+        lists again."""
         if self._ok and plain and len(files) >= WATCH_FROM:
             self.listing = (files, [list(x) for x in ignores])
         else:
             self.listing = None  # the instance stays, for the next walk (``begin``)
 
     def _drain(self) -> bool:
-        """Read every queued event: whether none of them was relevant."""
-        quiet = True
-        while True:
-            try:
-                data = os.read(self._fd, 65536)
-            except BlockingIOError:
-                return quiet
-            except OSError:
-                return False
-            if not data:
-                return False
-            for _, mask, name in inotify.events(data):
-                if relevant(name, mask):
-                    quiet = False
+        """Read every queued event: whether none of them was relevant (a lost watch is)."""
+        return inotify.drain(self._fd, relevant)[0]
 
     def close(self) -> None:
         if self._close is not None:

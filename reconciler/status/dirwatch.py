@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import weakref
 
-from reconciler.core.inotify import EVENT as _EVENT, LOCAL_FS, LOST, MASK, fs_type, libc as _libc  # noqa: F401
+from reconciler.core.inotify import LOCAL_FS, MASK, drain, fs_type, libc as _libc  # noqa: F401
 
 
 def relevant(name: bytes) -> bool:
@@ -75,25 +75,7 @@ class DirWatch:
 
     def _drain(self) -> tuple[bool, bool]:
         """Read every queued event: (none of them relevant, the watch lost)."""
-        quiet, lost = True, False
-        while True:
-            try:
-                data = os.read(self._fd, 65536)
-            except BlockingIOError:
-                return quiet, lost
-            except OSError:
-                return False, True
-            if not data:
-                return False, True
-            at = 0
-            while at + _EVENT.size <= len(data):
-                _, mask, _, size = _EVENT.unpack_from(data, at)
-                name = data[at + _EVENT.size:at + _EVENT.size + size].rstrip(b"\0")
-                at += _EVENT.size + size
-                if mask & LOST:
-                    lost = True
-                if mask & LOST or relevant(name):
-                    quiet = False
+        return drain(self._fd, lambda name, mask: relevant(name))
 
     def _arm(self) -> None:
         try:
