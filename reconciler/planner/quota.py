@@ -82,20 +82,6 @@ def placement_order(desired: DesiredState, names: list[str], previous: dict[str,
     return chain.from_iterable(_fair_queues(groups[value], quotas, first) for value in sorted(groups, reverse=True))
 
 
-def _fair(group: list[str], quotas: "Quotas", known: dict[str, str]) -> Iterator[str]:
-    """One priority's runs (``group``), the team furthest below its share next (_fair_queues)."""
-    queues: dict[str, list[str]] = {}
-    teams, team_of = quotas._teams, quotas.team
-    for name in group:
-        team = teams.get(name, _UNKNOWN)  # quotas.team's memo, read without the call
-        team = (team_of(name) if team is _UNKNOWN else team) or ""
-        queue = queues.get(team)
-        if queue is None:
-            queue = queues[team] = []
-        queue.append(name)
-    return _fair_queues(queues, quotas, known)
-
-
 def _fair_queues(queues: dict[str, list[str]], quotas: "Quotas", known: dict[str, str]) -> Iterator[str]:
     """One priority's runs, by team (``queues``: each team's runs, in any order), the
     team furthest below its share next: a heap of the teams by (share used, their next run's

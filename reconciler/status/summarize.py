@@ -366,7 +366,7 @@ def unchanged(prev: RunStatus | None, change, obs) -> bool:
     """Whether ``summarize`` of ``change`` without an outcome returns ``prev`` itself: ``_steady``
     and ``_refresh`` finding nothing that moved, with the conditions walked once. Asked first of
     every run of a pass (engine/loop.py), so that the bulk of a steady pass makes no other call;
-    tests/status/test_status.py holds it to summarize."""
+    tests/status/test_unchanged.py holds it to summarize."""
     if (prev is None or change.action != _NONE or prev.phase != change.phase
             or prev.generation != change.generation or prev.attempt != change.attempt or not prev.history
             or (change.spec_digest is not None and prev.spec.digest != change.spec_digest)):
