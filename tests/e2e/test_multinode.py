@@ -101,6 +101,9 @@ def test_a_node_lost_ends_the_attempt_on_every_node_and_the_run_is_relaunched(tm
         st = w.until("pair", lambda s: s.phase == "Running", timeout=30)
         survivor_worker = _until(lambda: [p for p in processes_with("RECONCILER_IDENTITY=pair-g1-a1-n0", within=w.roots)
                                           if os.getsid(p) == p], 10, "node 0's worker in its own session")
+        # Node 1's job has started and written its output (its wrapper shows Running before that).
+        out1 = Path(st.handle.nodes[1]["workspace"]) / "artifacts" / "stdout.log"
+        _until(lambda: out1.is_file() and out1.read_text() == "rank 1\n", 10, "node 1's output")
         os.killpg(_pgid(st, 1), signal.SIGKILL)  # node 1's whole process group dies
         rec, reasons = w.reconciler(), []
 
