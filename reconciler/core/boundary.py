@@ -226,6 +226,9 @@ class ProbeReply:
     gpu_error: str | None = None  # why the GPUs' processes are not known (foreign_gpus: avoid then fails closed)
     runs: dict[str, RunReport] = field(default_factory=dict)
     rejected: list[str] = field(default_factory=list)  # "<what>: <why>", one per refused item
+    # Its runs are those of the same machine's reply to the observation before (heartbeats aside),
+    # and were taken whole from their parse then (parse_reuse.py's same_runs).
+    same_runs: bool = False
 
 
 PROGRESS_INTS = ("step", "max_steps")
@@ -281,6 +284,18 @@ def _heartbeat(value: Any) -> float | None:
     return finite(value, MAX_TIME)
 
 
+def _live(value: Any) -> int:
+    # live: the processes of the identity still alive, in any session (a bounded count).
+    return bounded_int(value, 0, 1 << 20) or 0
+
+
+def _refresh(report: RunReport, raw: dict) -> None:
+    """A valid entry's fields that move between passes, read afresh into a reused parse of it
+    (parse_reuse.py): the same checks as ``_parse_entry``'s."""
+    report.heartbeat_age = _heartbeat(raw.get("heartbeat_age"))
+    report.live = _live(raw.get("live"))
+
+
 def _parse_entry(identity: str, raw: Any) -> tuple[RunReport, bool]:
     """``parse_run``, and whether the report holds the entry's heartbeat (only a valid one does)."""
     if not isinstance(raw, dict):
@@ -321,8 +336,7 @@ def _parse_entry(identity: str, raw: Any) -> tuple[RunReport, bool]:
         checkpoints=checkpoints, queued=clean_text(queued, 200) if queued is not None else None,
         job=core.slurm_job, heartbeat_age=heartbeat, slurm_end=core.slurm_end.record() if core.slurm_end else None,
         gang=gang.model_dump() if gang is not None else None,
-        # live: the processes of the identity still alive, in any session (a bounded count).
-        live=bounded_int(raw.get("live"), 0, 1 << 20) or 0, uploads=uploads, uploads_error=uploads_error), True
+        live=_live(raw.get("live")), uploads=uploads, uploads_error=uploads_error), True
 
 
 def parse_probe(report: Any, memo: ParseMemo | None = None, source: str = "") -> ProbeReply:
@@ -350,10 +364,11 @@ def parse_probe(report: Any, memo: ParseMemo | None = None, source: str = "") ->
     elif drain is not None:
         out.rejected.append("drain: not an object")
     out.foreign_gpus, out.gpu_error = foreign_gpus(report.get("foreign_gpus"))
-    key, kept = memo.same_runs(source, runs, _heartbeat) if memo is not None and source else (None, None)
-    if kept is not None:  # the same runs as this machine's last reply, heartbeats and all
+    key, kept = memo.same_runs(source, runs, _refresh) if memo is not None and source else (None, None)
+    if kept is not None:  # the same runs as this machine's last reply, the volatile fields aside
         out.runs, refused = kept
         out.rejected.extend(refused)
+        out.same_runs = True
         return out
     before = len(out.rejected)
     templates: dict[str, tuple[RunReport, bool]] = {}
@@ -371,7 +386,7 @@ def _parse_runs(runs: dict, out: ProbeReply, memo: ParseMemo | None, templates: 
             out.rejected.append(f"{clean_text(ident, 80)!r}: not a run identity")
             continue
         if memo is not None:
-            out.runs[ident] = memo.parse(ident, raw, _parse_entry, _heartbeat, templates)
+            out.runs[ident] = memo.parse(ident, raw, _parse_entry, _refresh, templates)
         else:
             out.runs[ident] = parse_run(ident, raw)
 

@@ -8,11 +8,12 @@ having been validated as these very values.
 
 Identical means equal as JSON values *with their types*: ``marshal``'s encoding tells ``1`` from
 ``1.0``, from ``true`` and ``-0.0`` from ``0.0`` (Python's ``==`` does not), and the entries are
-compared by a 128-bit BLAKE2b digest of it. The launch wrapper's heartbeat age moves on every
-pass for every live run, so it is left out of the digest and parsed afresh on every use. A reply
-whose runs are all as the same machine's last reply said (heartbeats aside) is taken whole; else
-each entry is looked up on its own. Every use hands out a copy: later steps of a pass annotate
-their reports.
+compared by a 128-bit BLAKE2b digest of it. Two fields move between passes while nothing else
+does: the launch wrapper's heartbeat age (every pass, for every live run) and the count of
+processes carrying the identity (``live``: a job's helpers and the wrapper's own come and go).
+They are left out of the digest and parsed afresh on every use. A reply whose runs are all as
+the same machine's last reply said (those two aside) is taken whole; else each entry is looked
+up on its own. Every use hands out a copy: later steps of a pass annotate their reports.
 
 Bounded: the entries of the last two observations (one holds what the current one has used or
 parsed so far, the other the previous one's), at most MAX_ENTRIES each; an entry that is not an
@@ -30,15 +31,13 @@ from typing import Any, Callable
 from .observed import ObservedRun
 
 MAX_ENTRIES = 100_000  # identities remembered per observation: ten times the largest fleet measured
-VOLATILE = "heartbeat_age"  # moves every pass; not part of what is compared
+VOLATILE = ("heartbeat_age", "live")  # move between passes; not part of what is compared
 
 
 def digest(raw: dict) -> bytes | None:
-    """The digest of an entry's values and types without its volatile field; None when it cannot
+    """The digest of an entry's values and types without its volatile fields; None when it cannot
     be encoded (nothing a JSON decoder makes, except nesting past marshal's depth)."""
-    if VOLATILE in raw:
-        raw = dict(raw)
-        del raw[VOLATILE]
+    raw = _stripped(raw)
     try:
         return hashlib.blake2b(marshal.dumps(raw), digest_size=16).digest()
     except (ValueError, TypeError, RecursionError):
@@ -65,20 +64,22 @@ _LISTS = ("gpus", "curve", "checkpoints", "nodes", "unreachable")
 _NESTED = ("gang", "slurm_end", "uploads", "outputs")
 
 
-Template = tuple[ObservedRun, bool]  # a remembered report (never changed), whether it reads the heartbeat
+Template = tuple[ObservedRun, bool]  # a remembered report (never changed), whether it reads the volatile fields
+Refresh = Callable[[ObservedRun, dict], None]  # sets a report's volatile fields from its entry, checked
 
 
 def _stripped(raw: Any) -> Any:
-    if isinstance(raw, dict) and VOLATILE in raw:
+    if isinstance(raw, dict) and ("heartbeat_age" in raw or "live" in raw):
         raw = dict(raw)
-        del raw[VOLATILE]
+        raw.pop("heartbeat_age", None)
+        raw.pop("live", None)
     return raw
 
 
-def _use(template: Template, raw: Any, heartbeat: Callable[[Any], float | None]) -> ObservedRun:
+def _use(template: Template, raw: Any, refresh: Refresh) -> ObservedRun:
     out = fresh(template[0])
     if template[1]:
-        out.heartbeat_age = heartbeat(raw.get(VOLATILE))
+        refresh(out, raw)
     return out
 
 
@@ -96,18 +97,20 @@ class ParseMemo:
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+        self.observations = 0  # rotations: engine/steady.py knows by it which observation came last
 
     def rotate(self) -> None:
         """A new observation begins: what the one before last parsed and this one did not use goes."""
         with self._lock:
+            self.observations += 1
             self._previous, self._current = self._current, {}
             self._replies_before, self._replies = self._replies, {}
 
     def same_runs(self, source: str, runs: dict,
-                  heartbeat: Callable[[Any], float | None]) -> tuple[bytes | None, tuple | None]:
-        """The digest of a reply's whole ``runs`` (heartbeats left out) and, when ``source`` sent
-        identical runs the last time, (reports, refusals) parsed from them then: fresh copies,
-        with each heartbeat read from ``runs`` now."""
+                  refresh: Refresh) -> tuple[bytes | None, tuple | None]:
+        """The digest of a reply's whole ``runs`` (volatile fields left out) and, when ``source``
+        sent identical runs the last time, (reports, refusals) parsed from them then: fresh copies,
+        with each volatile field read from ``runs`` now."""
         try:
             key = hashlib.blake2b(marshal.dumps({i: _stripped(r) for i, r in runs.items()}),
                                   digest_size=16).digest()
@@ -118,7 +121,7 @@ class ParseMemo:
             return key, None
         self._replies[source] = found
         self.hits += len(found[1])
-        return key, ({ident: _use(t, runs[ident], heartbeat) for ident, t in found[1].items()}, list(found[2]))
+        return key, ({ident: _use(t, runs[ident], refresh) for ident, t in found[1].items()}, list(found[2]))
 
     def keep_runs(self, source: str, key: bytes, reports: dict[str, ObservedRun], refused: list[str],
                   templates: dict[str, Template]) -> None:
@@ -129,9 +132,9 @@ class ParseMemo:
             self._replies[source] = (key, kept, list(refused))
 
     def parse(self, identity: str, raw: Any, parse: Callable[[str, Any], tuple[ObservedRun, bool]],
-              heartbeat: Callable[[Any], float | None], templates: dict | None = None) -> ObservedRun:
-        """``parse(identity, raw)`` → (report, whether the heartbeat was read), or its earlier
-        result for identical values, with the heartbeat read from ``raw`` now. ``templates``
+              refresh: Refresh, templates: dict | None = None) -> ObservedRun:
+        """``parse(identity, raw)`` → (report, whether it read the volatile fields), or its earlier
+        result for identical values, with those fields read from ``raw`` now. ``templates``
         gains the template used (see keep_runs)."""
         key = digest(raw) if isinstance(raw, dict) else None
         if key is None:
@@ -145,7 +148,7 @@ class ParseMemo:
             if len(self._current) < self.limit:
                 self._current[identity] = found
             template = found[1]
-            out = _use(template, raw, heartbeat)
+            out = _use(template, raw, refresh)
         else:
             self.misses += 1
             out, reads_heartbeat = parse(identity, raw)
@@ -157,4 +160,4 @@ class ParseMemo:
         return out
 
 
-__all__ = ["ParseMemo", "digest", "fresh", "MAX_ENTRIES", "VOLATILE"]
+__all__ = ["ParseMemo", "Refresh", "digest", "fresh", "MAX_ENTRIES", "VOLATILE"]

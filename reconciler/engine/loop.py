@@ -17,8 +17,8 @@ from typing import Callable
 
 from reconciler.gitops import repo as gitops
 from reconciler.status import store as statuses
-from reconciler.core.runstatus import DIRTY, TERMINAL, cost_so_far, iso, parse_iso
-from reconciler.status.summarize import progress_only, records_new_spec, same_ignoring_time, summarize, unchanged
+from reconciler.core.runstatus import DIRTY, TERMINAL, cost_so_far
+from reconciler.status.summarize import records_new_spec
 from reconciler.core.actions import Action
 from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # imported when a plan has something to apply: a pass that changes nothing never needs it
@@ -28,7 +28,7 @@ from reconciler.planner.exposure import shared_login_warnings
 from reconciler.status.ledger import Ledger
 from .observe import names_to_watch, observe
 from .uncommitted import Uncommitted, hold_uncommitted, repo_key as uncommitted_key
-from . import collector, downtime, focus, guards, passcache
+from . import collector, downtime, focus, guards, passcache, statusstep, steady
 from .rehome import rehome, worth_it as worth_rehoming
 from .passcache import Settled
 from reconciler.core.observed import ObservedWorld
@@ -60,6 +60,7 @@ class PassResult:
     committed: list[str] = field(default_factory=list)  # the runs whose status files the commit holds
     duration: float = 0.0
     retry_after: float | None = None  # the soonest a run asked to be looked at again
+    plan_reused: bool = False  # the last pass's plan, proved to be this one's (steady.py)
 
 
 def local_gpus(cfg: Config) -> int:
@@ -171,7 +172,13 @@ class Reconciler:
             guards.after_apply(self, plan)
         finally:
             pool.close()
-        phases, written = self._write_statuses(result, previous, spec_commits, status_dir, now)
+        result.plan_reused = self._reused is not None and plan is self._reused[0]
+        if result.plan_reused and len(plan.changes) == self._reused[1]:
+            # The last pass's plan, whose status step found every status unchanged from the same inputs.
+            phases, written, unchanged_all = {n: st.phase for n, st in previous.items()}, {}, True
+        else:
+            phases, written, unchanged_all = self._write_statuses(result, previous, spec_commits, status_dir, now)
+        steady.keep(self, result, previous, skipped, unchanged_all)
         if cfg.ledger:
             loaded = {**previous, **self._as_filed} if self._as_filed else previous  # git's view
             ledger_out = self.ledger.refresh(status_dir, loaded, written, now, self.status_cache.present())
@@ -254,14 +261,25 @@ class Reconciler:
             settings.namespace = cfg.repo_namespace
             settings.bad_offers = dict(self.providers.bad_offers)
             settings.spend = self._spend(previous, now)
-        plan = make_plan(desired, world, previous, now, settings, settled=frozenset(skipped),
-                         missing_secrets={n: m for n, m in missing.items() if m})
-        # Secrets are only as private as the unix login the runs share: say where teams share one.
-        plan.warnings.extend(shared_login_warnings(desired, world, plan))
+        missing = {n: m for n, m in missing.items() if m}
+        self._planned_with = missing, settings
+        reused = steady.take(self, desired, world, previous, skipped, missing, settings, now)
+        plan = None if reused is None else reused[0]
+        if plan is None:
+            plan = self._plan_afresh(desired, world, previous, skipped, now, settings, missing)
         self._dirty = self.dirty.specs(self.repo, self.cache.tree_changed, self.cache.ignores) \
             if self.repo is not None else set()
+        if reused is not None and frozenset(self._dirty) != reused[1]:  # git status answered: it moved
+            plan = self._plan_afresh(desired, world, previous, skipped, now, settings, missing)
+        self._reused = (plan, len(plan.changes)) if reused is not None and plan is reused[0] else None
         if not cfg.allow_dirty:
             hold_uncommitted(plan, desired, previous, self._dirty)
+        return plan
+
+    def _plan_afresh(self, desired, world, previous, skipped, now, settings, missing) -> Plan:
+        plan = make_plan(desired, world, previous, now, settings, settled=frozenset(skipped), missing_secrets=missing)
+        # Secrets are only as private as the unix login the runs share: say where teams share one.
+        plan.warnings.extend(shared_login_warnings(desired, world, plan))
         return plan
 
     def _apply(self, result: PassResult, previous: dict[str, statuses.RunStatus],
@@ -292,56 +310,9 @@ class Reconciler:
         return spec_commits
 
     def _write_statuses(self, result: PassResult, previous: dict[str, statuses.RunStatus],
-                        spec_commits: dict[str, str], status_dir: Path,
-                        now: float) -> tuple[dict[str, str], dict[str, statuses.RunStatus]]:
-        """Write the status file of every change whose status moved; return each run's phase after
-        the pass and the statuses written (``result.written`` and ``result.transitions`` too)."""
-        plan, world = result.plan, result.world
-        by_name = {o.name: o for o in result.outcomes if not o.side}
-        phases = {n: st.phase for n, st in previous.items()}
-        written: dict[str, statuses.RunStatus] = {}
-        for change in plan.changes:
-            if change.phase is None:
-                continue
-            prev = previous.get(change.name)
-            obs = world.find(change.identity) if change.identity else None
-            outcome = by_name.get(change.name)
-            if outcome is None and unchanged(prev, change, obs):  # summarize would return prev
-                continue
-            new = summarize(prev, change, outcome, obs, now, spec_commits.get(change.spec_path or ""))
-            if new is prev or same_ignoring_time(prev, new):
-                continue
-            if self._progress_can_wait(prev, new, now):
-                new.observed_at = iso(now)  # the next pass and the live page read it at once; git later
-                statuses.write_live(self.cfg.state_dir, new)
-                continue
-            if change.name in self._as_filed:
-                statuses.drop_live(self.cfg.state_dir, change.name)
-            new.observed_at = iso(now)
-            try:
-                wrote = statuses.write_if_changed(status_dir, new)
-            except statuses.UnsafeName as e:  # defence in depth: names are DNS labels by validation
-                log.error("not writing a status file: %s", e)
-                continue
-            if wrote:
-                phases[change.name] = new.phase
-                result.written.append(change.name)
-                written[change.name] = new
-                self.status_cache.remember(status_dir, new)
-                before = prev.phase if prev else "-"
-                if before != new.phase or (prev and (prev.attempt, prev.generation) != (new.attempt, new.generation)):
-                    ident = change.identity or ""
-                    result.transitions.append(f"{change.name}: {before} → {new.phase} [{ident}] {change.reason}"[:300])
-        return phases, written
-
-    def _progress_can_wait(self, prev: statuses.RunStatus | None, new: statuses.RunStatus, now: float) -> bool:
-        """A change of progress alone, while the status file was written less than
-        ``status_progress_interval`` ago: the file keeps its older progress until then. The time
-        is the file's own ``observed_at``, so a ``--once`` from cron batches the same way."""
-        if prev is None or not progress_only(prev, new):
-            return False
-        written = parse_iso((self._as_filed.get(prev.name) or prev).observed_at)
-        return written is not None and now - written < self.cfg.status_progress_interval
+                        spec_commits: dict[str, str], status_dir: Path, now: float):
+        """Write the status file of every change whose status moved (statusstep.py)."""
+        return statusstep.write(self, result, previous, spec_commits, status_dir, now)
 
     def _commit(self, result: PassResult, written: dict[str, statuses.RunStatus]) -> None:
         """Commit the status files the pass changed, with one message line per transition.

@@ -1,5 +1,5 @@
 """Reusing the parse of identical run entries (core/parse_reuse.py) gives what parsing gives: types
-told apart, heartbeats read afresh, refusals kept, copies handed out, and a bounded memory."""
+told apart, heartbeats and live counts read afresh, refusals kept, copies handed out, and a bounded memory."""
 
 from __future__ import annotations
 
@@ -61,6 +61,21 @@ def test_the_heartbeat_moves_without_a_new_parse_and_is_still_checked():
     for age in (1.0, 2.0):
         got, fresh = _both(memo, {"r-g1-a1": dict(bad, heartbeat_age=age)})
         assert got.runs == fresh.runs and got.runs["r-g1-a1"].heartbeat_age is None
+
+
+def test_the_count_of_live_processes_moves_without_a_new_parse_and_is_still_checked():
+    memo = ParseMemo()
+    _both(memo, {"r-g1-a1": dict(ENTRY, live=2)})
+    for live, expected in ((5, 5), (0, 0), ("many", 0), (-3, 0), (1 << 40, 0), (2.5, 0)):
+        got, fresh = _both(memo, {"r-g1-a1": dict(ENTRY, live=live)})
+        assert got.runs == fresh.runs and got.runs["r-g1-a1"].live == expected, live
+        assert got.same_runs  # the whole reply was taken, the count read afresh
+    assert memo.misses == 1
+    # An ended instance whose processes linger is told from one whose processes are gone.
+    ended = dict(ENTRY, state="succeeded", exit_code=0, finished_at=1001.0)
+    _both(memo, {"r-g1-a1": dict(ended, live=0)})
+    got, fresh = _both(memo, {"r-g1-a1": dict(ended, live=3)})
+    assert got.runs == fresh.runs and got.runs["r-g1-a1"].lingering
 
 
 def test_a_whole_reply_repeated_keeps_its_refusals():
