@@ -8,7 +8,12 @@ commands). Prints, for steady passes: wall time per pass, and the reconciler pro
 
 Targets with connections kept: ≤ 1 ms of CPU per machine per pass, ≤ 1 s wall for 100 machines.
 
-    sudo python benchmarks/ssh_scale_bench.py [--machines 100] [--passes 5]
+``--watched N`` adds N names to the list of watched runs every probe carries (a fleet of N runs;
+none of them has a workspace on these machines) and measures the kept connections twice,
+alternated: with the helper keeping the list (sent once, then by reference) and with the list
+sent whole on every probe (as before the helper kept it).
+
+    sudo python benchmarks/ssh_scale_bench.py [--machines 100] [--passes 5] [--watched 10000]
 """
 
 from __future__ import annotations
@@ -37,7 +42,14 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=5)
     ap.add_argument("--idle", type=float, default=5.0, help="seconds to measure the kept connections' idle cost")
     ap.add_argument("--profile", action="store_true", help="print a profile of one kept-connection pass")
+    ap.add_argument("--watched", type=int, default=0, help="names of runs watched besides the fleet's own")
     args = ap.parse_args()
+    if args.watched:
+        from reconciler.engine import loop
+
+        extra = [f"w-{i:05d}" for i in range(args.watched)]
+        watch = loop.names_to_watch
+        loop.names_to_watch = lambda *a, **k: sorted(watch(*a, **k) + extra)
     scratch = Path(tempfile.mkdtemp(prefix="rc-sshscale-"))
     servers: list[SshServer] = []
     try:
@@ -56,11 +68,16 @@ def main() -> None:
             subprocess.run(["git", "-C", str(repo), *a], check=True)
         cfg = config.load(str(repo), flags={"push": False, "namespace": "bench", "parallel_machines": 32,
                                             "workspace_root": str(scratch / "ws")})
-        for keep in (True, False):
+        modes = [(True, False), (True, True)] * 2 if args.watched else [(True, False), (False, False)]
+        for keep, whole in modes:
             rec = Reconciler(cfg, keep_connections=keep)
             rec.run_pass()  # connects (and stages the probe) once
             walls, cpus = [], []
             for _ in range(args.passes):
+                if whole:  # the helper is told nothing is kept: the list goes whole
+                    for conn in (rec.connections or {}).values():
+                        t = conn[1] if isinstance(conn, tuple) else conn
+                        t._resident_names = None
                 t0, c0 = time.perf_counter(), time.process_time()
                 result = rec.run_pass()
                 walls.append(time.perf_counter() - t0)
@@ -79,7 +96,8 @@ def main() -> None:
                 cProfile.runctx("rec.run_pass()", globals(), {"rec": rec}, "/tmp/ssh_scale.prof")
                 pstats.Stats("/tmp/ssh_scale.prof").sort_stats("tottime").print_stats(25)
             rec.close()
-            print(f"{args.machines} machines over SSH, connections {'kept' if keep else 'new each pass'}: "
+            sent = f", {args.watched} names watched, sent {'whole' if whole else 'by reference'}" if args.watched else ""
+            print(f"{args.machines} machines over SSH, connections {'kept' if keep else 'new each pass'}{sent}: "
                   f"{statistics.median(walls):.2f}s wall per pass, "
                   f"{statistics.median(cpus) / args.machines * 1000:.2f} ms CPU per machine per pass{idle}")
     finally:

@@ -44,7 +44,7 @@ import paramiko
 from reconciler.core.boundary import MAX_REPLY_BYTES, BadReply, absolute_path
 from reconciler.core.replies import REPLY_BUDGET
 from reconciler.core.errors import PermanentError, TemporaryError
-from .remote_agent import agent_hash, agent_program
+from .remote_agent import agent_hash, agent_program, resident_request
 from .base import Completed, MachineInfo, docker_prefix
 from .ssh_files import SshFiles
 
@@ -87,6 +87,14 @@ class _RejectUnknown(paramiko.MissingHostKeyPolicy):
         raise UnknownHostKey(f"{hostname} {key.get_name()} {key.get_base64()}")
 
 
+def _served(rc: int, out: bytes, err: bytes) -> tuple[int, bytes, bytes]:
+    """The ``--serve`` loop answers an operation that raised with ``{"__error__": why}`` and exit
+    0: told apart here as the failure it is (exit 1, the reason as its message)."""
+    if out.startswith(b'{"__error__":'):
+        return 1, b"", out[:300]
+    return rc, out, err
+
+
 class SshTransport(SshFiles):
     def __init__(self, machine: MachineInfo, connect_timeout: float = 5.0, command_timeout: float = 60.0,
                  probe_timeout: float | None = None, max_reply_bytes: int = MAX_REPLY_BYTES):
@@ -121,6 +129,7 @@ class SshTransport(SshFiles):
         self._failures, self._retry_at, self._last_error = 0, 0.0, ""  # reconnection backoff (kept connections)
         self._resident = None
         self._resident_buf = bytearray()
+        self._resident_names: str | None = None  # the reference of the names the helper holds
         self._resident_lock = threading.Lock()
         root = machine.workspace_root
         self._root: str | None = root if root.startswith("/") else None
@@ -265,7 +274,7 @@ class SshTransport(SshFiles):
     # ------------------------------------------------------------------ the resident probe
 
     def _drop_resident(self) -> None:
-        chan, self._resident = self._resident, None
+        chan, self._resident, self._resident_names = self._resident, None, None
         if chan is not None:
             try:
                 chan.close()  # its stdin closes: the helper exits
@@ -295,7 +304,8 @@ class SshTransport(SshFiles):
                     self._resident, self._resident_buf = chan, bytearray()
                 chan = self._resident
                 self.round_trips += 1
-                chan.sendall(json.dumps(args, separators=(",", ":"), sort_keys=True).encode() + b"\n")
+                line, names_ref = resident_request(args, self._resident_names)
+                chan.sendall(line)
                 buf = self._resident_buf
                 while b"\n" not in buf:
                     while chan.recv_stderr_ready():
@@ -331,7 +341,9 @@ class SshTransport(SshFiles):
                 raise TemporaryError(f"{self.where}: {failure}") from None
             return None
         if not isinstance(answer, dict) or "__error__" in answer:
+            self._resident_names = None  # the names go whole next time
             return None
+        self._resident_names = names_ref
         return answer
 
     # ------------------------------------------------------------------ commands
@@ -407,6 +419,42 @@ class SshTransport(SshFiles):
         rc, out, err = self._exec("sh -c " + shlex.quote(prefix + script), None, timeout)
         return Completed(rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
 
+    def _run_staged(self, args: dict, program: str, argv: list[str], timeout: float) -> tuple:
+        """The agent run from the copy staged on the machine: (rc, out, err), rc None when it
+        cannot be (the caller sends the program itself). Arguments too long for a command line
+        (``argv`` empty: a probe watching thousands of runs) go as one line on stdin to the
+        ``--serve`` loop; on first contact they cost one more round trip, to stage the copy."""
+        line = None if argv else json.dumps(args, separators=(",", ":"), sort_keys=True).encode() + b"\n"
+        tail = " ".join(shlex.quote(a) for a in argv) if argv else "--serve"
+        path = f"$HOME/.cache/reconciler/agent-{agent_hash()}.py"
+        env = f"export DOCKER_HOST={shlex.quote(self.machine.docker_host)}; " if self.machine.docker_host else ""
+        stage = (f'f="{path}"; d="$HOME/.cache/reconciler"; if [ -f "$f" ]; then cat > /dev/null; '
+                 f'elif ! {{ mkdir -p "$d" && cat > "$d/.agent.$$" && mv "$d/.agent.$$" "$f"; }}; '
+                 f'then exit {STAGED_MISSING + 1}; fi; ')
+        for _ in range(3):  # staged: by path; gone since (a cleaned home): staged again
+            if self._staged is False:
+                break
+            if self._staged:  # staged before: invoked by path, only the arguments sent
+                command, stdin = f'f="{path}"; [ -f "$f" ] || exit {STAGED_MISSING}; exec python3 "$f" {tail}', line
+            elif argv:  # first contact: one round trip that stages it (when missing) and runs it
+                command, stdin = stage + f'exec python3 "$f" {tail}', program.encode()
+            else:  # first contact, with arguments for stdin: staged in one round trip, run in the next
+                command, stdin = stage + "exit 0", program.encode()
+            rc, out, err = self._exec(env + command, stdin, timeout)
+            if rc == STAGED_MISSING and not out:
+                self._staged = None
+                continue
+            if rc == STAGED_MISSING + 1 and not out:
+                self._staged = False  # it cannot be kept here: the source every time
+                break
+            self._staged = True
+            if not argv and stdin is not line:
+                continue  # staged: now run
+            if line is not None and rc == 0:
+                rc, out, err = _served(rc, out, err)
+            return rc, out, err
+        return None, b"", b""
+
     def agent(self, args: dict) -> dict:
         """One agent operation on the machine; its JSON answer, decoded within the boundary's
         limits (``boundary.loads``). A probe gets the probe timeout, other operations (stopping a
@@ -429,30 +477,7 @@ class SshTransport(SshFiles):
                 learn_root(report)
                 return report
         program, argv = agent_program(args)
-        rc = None
-        for _ in range(2):  # staged: by path; gone since (a cleaned home): staged again
-            if not argv or self._staged is False:
-                break
-            path = f"$HOME/.cache/reconciler/agent-{agent_hash()}.py"
-            quoted = " ".join(shlex.quote(a) for a in argv)
-            if self._staged:  # staged before: invoked by path, nothing sent
-                command = f'f="{path}"; [ -f "$f" ] || exit {STAGED_MISSING}; exec python3 "$f" {quoted}'
-                stdin = None
-            else:  # first contact: one round trip that stages it (when missing) and runs it
-                command = (f'f="{path}"; d="$HOME/.cache/reconciler"; if [ -f "$f" ]; then cat > /dev/null; '
-                           f'elif ! {{ mkdir -p "$d" && cat > "$d/.agent.$$" && mv "$d/.agent.$$" "$f"; }}; '
-                           f'then exit {STAGED_MISSING + 1}; fi; exec python3 "$f" {quoted}')
-                stdin = program.encode()
-            env = f"export DOCKER_HOST={shlex.quote(self.machine.docker_host)}; " if self.machine.docker_host else ""
-            rc, out, err = self._exec(env + command, stdin, timeout)
-            if rc == STAGED_MISSING and not out:
-                self._staged, rc = None, None
-                continue
-            if rc == STAGED_MISSING + 1 and not out:
-                self._staged, rc = False, None  # it cannot be kept here: the source every time
-                break
-            self._staged = True
-            break
+        rc, out, err = self._run_staged(args, program, argv, timeout)
         if rc is None:
             command = docker_prefix(self.machine) + "python3 - " + " ".join(shlex.quote(a) for a in argv)
             rc, out, err = self._exec(command, program.encode(), timeout)

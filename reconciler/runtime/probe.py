@@ -473,12 +473,25 @@ def dispatch(args):
 def serve(stdin, stdout):
     """``--serve``: one JSON request a line on stdin, one JSON answer a line on stdout, until
     stdin closes (its SSH channel closed: the reconciler stopped or lost the connection). A
-    long-lived reconciler keeps one per machine so that a probe costs no interpreter start."""
+    long-lived reconciler keeps one per machine so that a probe costs no interpreter start.
+
+    The list of watched names comes with a reference (``names_ref``) and is kept: a request that
+    carries only the reference of the list kept reuses it (the reconciler sends the list again
+    only when it changed). A reference not kept is an error: the reconciler then sends it whole."""
+    kept = (None, None)
     for line in stdin:
         if not line.strip():
             continue
         try:
-            answer = dispatch(json.loads(line))
+            args = json.loads(line)
+            ref = args.pop("names_ref", None) if isinstance(args, dict) else None
+            if ref is not None and "names" in args:
+                kept = (ref, args["names"])
+            elif ref is not None:
+                if ref != kept[0]:
+                    raise KeyError("names %s not kept" % ref)
+                args["names"] = kept[1]
+            answer = dispatch(args)
         except Exception as e:  # noqa: BLE001 - reported to the caller, the helper goes on
             answer = {"__error__": f"{type(e).__name__}: {e}"}
         stdout.write(json.dumps(answer) + "\n")

@@ -125,14 +125,20 @@ def test_relative_root_resolves_under_the_login_home(sshd):
         shutil.rmtree(f"{sshd.home}/{rel.split('/')[0]}", ignore_errors=True)
 
 
-def test_large_arguments_are_embedded_in_the_program(sshd, root):
-    names = [f"run-{i:06d}" for i in range(ARGV_LIMIT // 8)]
+def test_large_arguments_go_on_stdin_to_the_staged_agent(sshd, root):
+    names = [f"run-{i:06d}" for i in range(ARGV_LIMIT // 8)]  # a probe watching thousands of runs
     program, argv = agent_program({"op": "probe", "names": names})
-    assert argv == [] and "sys.exit(main(" in program
+    assert argv == [] and "sys.exit(main(" in program  # too long for a command line
     t = SshTransport(info(sshd, root))
     try:
         assert t.agent({"op": "probe", "names": names})["runs"] == {}
-        assert t.round_trips == 1
+        assert t.round_trips == 2  # first contact: the agent staged, then run with the arguments on stdin
+        assert t.agent({"op": "probe", "names": names})["runs"] == {} and t.round_trips == 3
+        t._staged = False  # a machine where nothing can be kept: the program carries them
+        assert t.agent({"op": "probe", "names": names})["runs"] == {} and t.round_trips == 4
+        t._staged = True  # an operation that fails in the agent's loop is a failure, with its reason
+        with pytest.raises(TemporaryError, match="KeyError"):
+            t.agent({"op": "probe", "names_ref": "nothing kept", "padding": names})
     finally:
         t.close()
 
@@ -280,6 +286,39 @@ def test_a_kept_connection_probes_through_a_resident_helper(sshd, root, bundle_d
     finally:
         kept.close()
         fresh.close()
+
+
+def test_the_resident_helper_keeps_the_watched_names_and_gets_them_again_only_when_they_change(sshd, root,
+                                                                                              bundle_dir):
+    """The list of watched names (280 KB of JSON at 10,000 runs) goes to a machine's helper once and
+    then by reference; what the probe reports still follows the list: a collected workspace is
+    reported only while its run is watched."""
+    kept = SshTransport(info(sshd, root))
+    kept.kept = True
+    sent: list[bytes] = []
+    try:
+        kept.stage(bundle_dir, "r-g1-a1")
+        done = Path(root) / "old-g1-a1" / "runtime"  # an ended attempt, its outputs collected
+        done.mkdir(parents=True)
+        (done / "result.json").write_text('{"exit_code": 0, "finished_at": 1000.0}')
+        (done / "collected").write_text("")
+        watched = ["old", "r"]
+        kept.agent({"op": "probe", "names": watched})  # stages the probe; the helper starts next
+        for _ in range(3):
+            report = kept.agent({"op": "probe", "names": watched})
+            assert report["runs"].keys() == {"old-g1-a1", "r-g1-a1"}
+            chan = kept._resident
+            if not sent:  # what the helper is sent from now on
+                real = chan.sendall
+                chan.sendall = lambda data: (sent.append(bytes(data)), real(data))[1]
+        assert len(sent) == 2 and all(b'"names"' not in line and b'"names_ref"' in line for line in sent)
+        # A new list (old is no longer watched): sent whole, and the collected workspace is left out.
+        report = kept.agent({"op": "probe", "names": ["r"]})
+        assert b'"names":["r"]' in sent[-1] and report["runs"].keys() == {"r-g1-a1"}
+        assert kept.agent({"op": "probe", "names": ["r"]})["runs"].keys() == {"r-g1-a1"}
+        assert b'"names"' not in sent[-1]
+    finally:
+        kept.close()
 
 
 def test_private_keys_are_parsed_once_per_file_version(sshd, tmp_path):

@@ -66,3 +66,25 @@ def test_a_probe_of_some_runs_judges_only_their_workspaces(tmp_path):
         b.kill()
         a.wait()
         b.wait()
+
+
+def test_the_resident_helper_keeps_the_last_list_of_names_under_its_reference(tmp_path):
+    import io
+    import json
+
+    done = tmp_path / "old-g1-a1" / "runtime"  # a collected end: reported only while its run is watched
+    done.mkdir(parents=True)
+    (done / "result.json").write_text('{"exit_code": 0, "finished_at": 1000.0}')
+    (done / "collected").write_text("")
+    root = str(tmp_path)
+    lines = [{"op": "probe", "root": root, "names": ["old"], "names_ref": "a"},
+             {"op": "probe", "root": root, "names_ref": "a"},  # the list kept under "a"
+             {"op": "probe", "root": root, "names_ref": "b"},  # not kept: an error, nothing guessed
+             {"op": "probe", "root": root, "names": [], "names_ref": "c"},
+             {"op": "probe", "root": root, "names_ref": "a"}]  # only the last list is kept
+    out = io.StringIO()
+    assert probe.serve(io.StringIO("".join(json.dumps(x) + "\n" for x in lines)), out) == 0
+    answers = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert [sorted(a.get("runs", {})) for a in answers[:2]] == [["old-g1-a1"], ["old-g1-a1"]]
+    assert "not kept" in answers[2]["__error__"] and "not kept" in answers[4]["__error__"]
+    assert answers[3]["runs"] == {}
