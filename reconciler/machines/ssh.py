@@ -88,8 +88,7 @@ class _RejectUnknown(paramiko.MissingHostKeyPolicy):
 
 
 def _served(rc: int, out: bytes, err: bytes) -> tuple[int, bytes, bytes]:
-    """The ``--serve`` loop answers an operation that raised with ``{"__error__": why}`` and exit
-    0: told apart here as the failure it is (exit 1, the reason as its message)."""
+    """``--serve`` answers an operation that raised with ``{"__error__": why}``: a failure (exit 1)."""
     if out.startswith(b'{"__error__":'):
         return 1, b"", out[:300]
     return rc, out, err

@@ -39,8 +39,8 @@ import sys
 import time
 
 from .gpus import foreign_gpus
-from .readings import (MAX_TIME, _docker_states, _num, _process_groups, _read, _result, _small_int, carriers,
-                       group_alive, leader_alive)
+from .readings import (MAX_TIME, _checkpoints, _docker_states, _num, _process_groups, _read, _result, _small_int,
+                       _walk, carriers, group_alive, leader_alive)
 from .slurm import _slurm_runs, wants_slurm
 from .stop import finish, terminate
 
@@ -177,32 +177,6 @@ def _precheck_failure(ws):
         return (reason[:280] if isinstance(reason, str) and reason else "precheck failed",
                 "machine" if rep.get("scope") == "machine" else None)
     return None, None
-
-
-def _checkpoints(ws):
-    """Complete checkpoints (their trainer_state.json is written last) under artifacts/output, as
-    workspace-relative paths, oldest step first."""
-    base = os.path.join(ws, "artifacts", "output")
-    found = []
-    for dirpath, dirnames, filenames in _walk(base, 1):
-        for d in dirnames:
-            if d.startswith("checkpoint-") and d[11:].isdigit() and os.path.isfile(
-                    os.path.join(dirpath, d, "trainer_state.json")):
-                found.append((int(d[11:]), os.path.relpath(os.path.join(dirpath, d), ws)))
-    return [p for _, p in sorted(found)]
-
-
-def _walk(base, depth):
-    if depth < 0 or not os.path.isdir(base):
-        return
-    try:
-        entries = list(os.scandir(base))
-    except OSError:
-        return
-    yield base, [e.name for e in entries if e.is_dir()], [e.name for e in entries if e.is_file()]
-    for e in entries:
-        if e.is_dir():
-            yield from _walk(e.path, depth - 1)
 
 
 def probe(root, names=None, now=None, only=None):

@@ -239,3 +239,29 @@ def _result(res, rt):
         if res.get("scope") == "machine":  # ...on this machine (its docker, its images)
             out["scope"] = "machine"
     return out
+
+
+def _checkpoints(ws):
+    """Complete checkpoints (their trainer_state.json is written last) under artifacts/output, as
+    workspace-relative paths, oldest step first."""
+    base = os.path.join(ws, "artifacts", "output")
+    found = []
+    for dirpath, dirnames, filenames in _walk(base, 1):
+        for d in dirnames:
+            if d.startswith("checkpoint-") and d[11:].isdigit() and os.path.isfile(
+                    os.path.join(dirpath, d, "trainer_state.json")):
+                found.append((int(d[11:]), os.path.relpath(os.path.join(dirpath, d), ws)))
+    return [p for _, p in sorted(found)]
+
+
+def _walk(base, depth):
+    if depth < 0 or not os.path.isdir(base):
+        return
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return
+    yield base, [e.name for e in entries if e.is_dir()], [e.name for e in entries if e.is_file()]
+    for e in entries:
+        if e.is_dir():
+            yield from _walk(e.path, depth - 1)
