@@ -16,7 +16,7 @@ from reconciler.spec.load import DesiredState
 from reconciler.spec.models.provider import Offer
 from reconciler.spec.resolve import Effective, effective, effective_by_digest, effectives_of
 
-from .quota import Quotas
+from .quota import Groups, Quotas
 
 LIVE = ("provisioning", "running")
 
@@ -62,6 +62,7 @@ class PlanBook:
     # run name → its entry, for a new run that launch.new_run takes: no status, nothing of it
     # observed, every machine answering, not stopped.
     fresh: dict = field(default_factory=dict)
+    groups: Groups | None = None  # every run of the plan by priority and team, for the placement order (read_runs)
 
     def any_down(self) -> bool:
         """Whether some machine does not answer: when none does, no start can be held for one
@@ -73,12 +74,17 @@ class PlanBook:
     def read_runs(self, names) -> None:
         """Read, for every run of ``names`` that has a spec, what the plan decides it by (its
         priority class, team, digest and path, whether it has affinity, its Effective when one
-        is kept for its digest; ``stopped``), in one pass in name order. The runs are placed in
-        priority and team order, which jumps across them; reading the spec models there, each
-        a few scattered objects, costs a cache miss for every one of them. A run's spec reads
-        the same for the whole plan; an Effective not kept yet is resolved when it is needed."""
+        is kept for its digest; ``stopped``), in one pass in name order, and group every run of
+        ``names`` for the placement order (``groups``, as quota.Groups groups them). The runs are
+        placed in priority and team order, which jumps across them; reading the spec models
+        there, each a few scattered objects, costs a cache miss for every one of them. A run's
+        spec reads the same for the whole plan; an Effective not kept yet is resolved when it is
+        needed. ``quotas`` is set first: the grouping records each run's team there."""
         runs, reads, stopped, fresh, previous = self.desired.runs, self.reads, self.stopped, self.fresh, self.previous
         answer, observed = not self.any_down(), self.world.names()  # nothing is fresh while a machine is down
+        grouping = self.groups = Groups(self.desired, self.quotas)
+        # What Groups.add does, without a call per run: the list for the run's class and team.
+        by_class, teams, fair = grouping.by_class, grouping.teams, grouping.fair
         policy = self.desired.policy
         label = policy.spec.teamLabel if policy is not None else None
         kept_by_template: dict = {}  # template name → its kept Effectives (None: no such template)
@@ -86,6 +92,7 @@ class PlanBook:
         for name in names:
             entry = runs.get(name)
             if entry is None:
+                grouping.add(name, None, None)
                 continue
             run = entry.run
             spec = run.spec
@@ -94,9 +101,16 @@ class PlanBook:
             if kept is self:
                 kept = kept_by_template[tname] = self._kept_for(tname, templates.get(tname))
             digest = entry.digest
-            reads[name] = (spec.priority, run.metadata.labels.get(label) if label is not None else None, digest,
-                           entry.rel, bool(spec.affinity or spec.antiAffinity),
+            wanted, team = spec.priority, run.metadata.labels.get(label) if label is not None else None
+            reads[name] = (wanted, team, digest, entry.rel, bool(spec.affinity or spec.antiAffinity),
                            kept.get(digest) if kept is not None else None)
+            by_team = by_class.get(wanted)
+            queue = by_team.get(team) if by_team is not None else None
+            if queue is None:
+                queue = grouping.queue(wanted, team)
+            queue.append(name)
+            if fair:
+                teams[name] = team
             if spec.desiredState == "Stopped":
                 stopped.add(name)
             elif answer and name not in observed and previous.get(name) is None:

@@ -8,9 +8,7 @@ same room decides every placement, so a plan never hands out a GPU twice.
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left
 from dataclasses import dataclass, field
-from itertools import islice
 from typing import Callable
 
 from reconciler.core.identity import parse
@@ -210,11 +208,13 @@ class RoomIndex:
     machine would make: fewest matching GPUs left free, then fewest tasks, then name (for a run
     without GPUs: fewest tasks, then name).
 
-    Per GPU type, each available machine sits in the bucket of its (free count, tasks); a bucket
-    is a heap of the machines' ranks by name (ints: cheap to compare). A placement moves the one
-    machine it took to its new bucket (a push); the entry it leaves behind is dropped when it
-    reaches the top of its heap (its machine's bucket is no longer that one). So the best machine
-    is the top of the first bucket, in (free, tasks) order, that holds one."""
+    Per GPU type, each available machine has an entry in the heap of its free-GPU number: one int,
+    tasks * machines + its rank by name, so that the least entry is the machine with the fewest
+    tasks, then the first by name (ints: cheap to compare, nothing allocated per entry). A
+    placement pushes the one machine it took to where it stands now; the entry it leaves behind
+    is dropped when it reaches the top of its heap (it is no longer the machine's entry). A count
+    per free-GPU number says which heap holds the best machine: the first with any, from the
+    number asked for up."""
 
     def __init__(self, candidates: list[Slot]):
         self.candidates = candidates
@@ -222,108 +222,116 @@ class RoomIndex:
         names = sorted(self.by_name)
         self.rank = {n: r for r, n in enumerate(names)}  # a machine's place in name order
         self.slot_of = [self.by_name[n] for n in names]  # rank → its Slot
-        self.where: dict = {}  # gpu type key → [rank → its (free, tasks) bucket; None: not available]
-        self.counts: dict = {}  # gpu type key → [free count → how many available machines have that many]
-        self.heaps: dict = {}  # gpu type key → {(free, tasks) → heap of ranks}
-        self.order: dict = {}  # gpu type key → its buckets, sorted (a new bucket sorts them again)
+        self.of_key: dict = {}  # gpu type key → its _Room
 
-    def _built(self, key: str | None) -> None:
-        if key in self.where:
-            return
-        where: list = [None] * len(self.slot_of)
-        counts: list[int] = []
-        heaps: dict = {}
-        for r, s in enumerate(self.slot_of):
-            if s.available():
-                f = s.free_count(key)
-                where[r] = b = (f, s.tasks)
-                if f >= len(counts):
-                    counts.extend([0] * (f + 1 - len(counts)))
-                counts[f] += 1
-                heaps.setdefault(b, []).append(r)  # ranks ascending: each list is a heap already
-        self.where[key], self.counts[key], self.heaps[key] = where, counts, heaps
-        self.order[key] = sorted(heaps)
-
-    def _move(self, key, r: int, s: Slot, available: bool) -> None:
-        """Machine ``r`` (``s``) to the bucket its room puts it in now, for GPU type ``key``."""
-        where = self.where[key]
-        old = where[r]
-        if not available:
-            if old is not None:
-                where[r] = None
-                self.counts[key][old[0]] -= 1
-            return
-        b = (f := s.free_count(key), s.tasks)
-        if b == old:
-            return
-        if old is None or old[0] != f:
-            counts = self.counts[key]
-            if old is not None:
-                counts[old[0]] -= 1
-            if f >= len(counts):
-                counts.extend([0] * (f + 1 - len(counts)))
-            counts[f] += 1
-        where[r] = b
-        heaps = self.heaps[key]
-        heap = heaps.get(b)
-        if heap is None:
-            heap = heaps[b] = []
-            self.order[key] = sorted(heaps)
-        heapq.heappush(heap, r)
+    def _room(self, key: str | None) -> "_Room":
+        room = self.of_key.get(key)
+        if room is None:
+            room = self.of_key[key] = _Room(key, self.slot_of)
+        return room
 
     def best(self, gpu_type: str | None, count: int) -> Slot | None:
-        key = gpu_type.lower() if gpu_type else None
-        if key not in self.where:
-            self._built(key)
-        where, heaps, pop = self.where[key], self.heaps[key], heapq.heappop
-        order = self.order[key]
-        if count:
-            # With GPUs, the first bucket in (free, tasks) order that holds a machine has the best;
-            # the buckets with fewer free GPUs than asked are passed over by a bisection.
-            for b in islice(order, bisect_left(order, (count,)), None):
-                heap = heaps[b]
-                while heap:
-                    r = heap[0]
-                    if where[r] == b:
-                        return self.slot_of[r]
-                    pop(heap)  # left this bucket since
-            return None
-        found = None  # (tasks, rank) of the best so far
-        for b in order:  # (free, tasks) ascending: a handful
-            if found is not None and b[1] > found[0]:
-                continue  # without GPUs: the fewest tasks in any bucket, then the name
-            heap = heaps[b]
-            while heap:
-                r = heap[0]
-                if where[r] != b:
-                    pop(heap)  # left this bucket since
-                    continue
-                if found is None or (b[1], r) < found:
-                    found = (b[1], r)
-                break
-        return self.slot_of[found[1]] if found is not None else None
+        return self.best_key(gpu_type.lower() if gpu_type else None, count)
+
+    def best_key(self, key: str | None, count: int) -> Slot | None:
+        """``best`` for the GPU type's key (its lower-case name; None: any type)."""
+        room = self.of_key.get(key) or self._room(key)
+        r = room.best(count)
+        return self.slot_of[r] if r is not None else None
 
     def fitting(self, gpu_type: str | None, count: int) -> int:
-        key = gpu_type.lower() if gpu_type else None
-        if key not in self.where:
-            self._built(key)
-        return sum(self.counts[key][count:])
+        return sum((self.of_key.get(key := gpu_type.lower() if gpu_type else None) or self._room(key)).counts[count:])
 
     def fitting_names(self, gpu_type: str | None, count: int) -> list[str]:
         """The machines ``fitting`` counts, by name (asked only when there are a few)."""
-        key = gpu_type.lower() if gpu_type else None
-        self._built(key)
-        where, heaps, order = self.where[key], self.heaps[key], self.order[key]
-        # Every machine is in the heap of its bucket (entries of buckets it left are passed over),
-        # and a rank is a place in name order.
-        ranks = {r for b in islice(order, bisect_left(order, (count,)), None) for r in heaps[b] if where[r] == b}
-        return [self.slot_of[r].name for r in sorted(ranks)]
+        room = self._room(gpu_type.lower() if gpu_type else None)
+        free_of, slot_of = room.free_of, self.slot_of
+        return [slot_of[r].name for r in sorted(room.ranks_from(count)) if free_of[r] >= count]
 
     def changed(self, s: Slot) -> None:
         r = self.rank[s.name]
         available = s.available()  # the same for every GPU type: asked once
-        for key in self.where:
-            self._move(key, r, s, available)
+        counts_of = s._counts
+        code = s.tasks * len(self.slot_of) + r
+        for key, room in self.of_key.items():
+            if not available:
+                room.leave(r)
+                continue
+            f = counts_of.get(key)
+            if f is None:
+                f = s.free_count(key)
+            if room.code_of[r] != code or room.free_of[r] != f:
+                room.move(r, f, code)
+
+
+class _Room:
+    """One GPU type's part of a RoomIndex (see there)."""
+
+    __slots__ = ("free_of", "code_of", "counts", "heaps", "size")
+
+    def __init__(self, key: str | None, slot_of: list[Slot]):
+        n = self.size = len(slot_of)
+        self.free_of = free_of = [-1] * n  # rank → its free GPUs of the type; -1: not available
+        self.code_of = code_of = [-1] * n  # rank → its entry, tasks * n + rank; -1: none
+        self.counts: list[int] = []  # free GPUs → how many available machines have that many
+        self.heaps: list[list[int]] = []  # free GPUs → the heap of entries
+        for r, s in enumerate(slot_of):
+            if s.available():
+                f = s.free_count(key)
+                self._grow(f)
+                free_of[r], code_of[r] = f, s.tasks * n + r
+                self.counts[f] += 1
+                self.heaps[f].append(code_of[r])
+        for heap in self.heaps:
+            heapq.heapify(heap)
+
+    def _grow(self, f: int) -> None:
+        while f >= len(self.counts):
+            self.counts.append(0)
+            self.heaps.append([])
+
+    def best(self, count: int) -> int | None:
+        """The rank of the best available machine with at least ``count`` free GPUs, or None."""
+        counts, heaps, free_of, code_of, pop = self.counts, self.heaps, self.free_of, self.code_of, heapq.heappop
+        best = None
+        for f in range(count, len(counts)):
+            if not counts[f]:
+                continue
+            heap = heaps[f]
+            while True:  # a machine counted here has its entry in this heap: the loop ends
+                e = heap[0]
+                r = e % self.size
+                if code_of[r] == e and free_of[r] == f:
+                    break
+                pop(heap)  # the machine left this entry since
+            if count:
+                return r  # the fewest free GPUs that fit: this heap holds the best
+            if best is None or e < best:
+                best = e  # without GPUs: the fewest tasks, then the name, over every free number
+        return best % self.size if best is not None else None
+
+    def ranks_from(self, count: int) -> set[int]:
+        """Every rank with an entry in a heap of ``count`` free GPUs or more (stale ones too)."""
+        size = self.size
+        return {e % size for heap in self.heaps[count:] for e in heap}
+
+    def leave(self, r: int) -> None:
+        f = self.free_of[r]
+        if f >= 0:
+            self.counts[f] -= 1
+            self.free_of[r] = self.code_of[r] = -1
+
+    def move(self, r: int, f: int, code: int) -> None:
+        old = self.free_of[r]
+        if old != f:
+            if old >= 0:
+                self.counts[old] -= 1
+            if f >= len(self.counts):
+                self._grow(f)
+            self.counts[f] += 1
+            self.free_of[r] = f
+        self.code_of[r] = code
+        heapq.heappush(self.heaps[f], code)
 
 
 def _candidates(slots: dict[str, Slot], placement: str, target: str | None, cache: dict | None = None) -> list[Slot]:

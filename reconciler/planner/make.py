@@ -48,6 +48,7 @@ from .gangs import expand_gangs
 from .housekeeping import _accounted, _fences, _leftovers, _saves
 from .launch import new_run
 from .lifecycle import _running
+from .order import run_names
 from .quota import Quotas, placement_order
 from .rentals import sweep
 from .stop import _invalid, _preempted, _stop
@@ -103,7 +104,7 @@ def _make_plan(desired, world, previous, now, settings, settled, missing_secrets
     book = PlanBook(desired, world, previous, now, settings.namespace, settings.bad_offers, settings.spend,
                     slots=_slots(desired, world, settings))
     book.quotas = Quotas.build(desired, world, previous) if desired.policy is not None else None
-    names = sorted((set(desired.runs) | set(desired.invalid) | set(previous)) - settled)
+    names = run_names(desired.runs, desired.invalid, previous, settled)
     # An invalid spec protects everything its run has on the machines: nothing is fenced, collected
     # or cleaned until the spec is fixed (or removed).
     invalid = {n for n in desired.invalid if n not in desired.runs}
@@ -114,7 +115,7 @@ def _make_plan(desired, world, previous, now, settings, settled, missing_secrets
     # lifecycle.new_run gives, without the general walk (launch.new_run: the bulk of a queue).
     book.read_runs(names)  # each spec read once, in name order
     stopped, fresh = book.stopped, book.fresh  # fresh: such new runs, found by read_runs
-    for name in placement_order(desired, names, previous, book.quotas, book.reads):
+    for name in placement_order(desired, names, previous, book.quotas, book.reads, book.groups.groups):
         entry = fresh.get(name)
         if entry is not None and name not in preempted:
             changes.extend(new_run(name, entry, desired, book, missing_secrets.get(name, ())))
