@@ -93,6 +93,9 @@ class Reconciler:
         self._dirty: set[str] = set()  # spec files with uncommitted changes, this pass
         self.ledger = Ledger()  # status/README.md and the loss curves, rows kept across passes
         self.parse_memo = ParseMemo()  # run entries a machine repeats are not validated again
+        # What the last plan came from, for a pass over a fleet at rest (steady.py); the plan a pass
+        # took and its length; the missing secrets and settings the pass planned with.
+        self._steady = self._taken = self._reused = self._planned_with = None
         self.focus = focus.State()  # what a pass woken by an edit looks at afresh (focus.py)
         # Finished runs that nothing has touched since: neither parsed, held nor planned until their
         # spec digest, their status file or the machines' view of them changes (see _settle).
@@ -175,10 +178,11 @@ class Reconciler:
         result.plan_reused = self._reused is not None and plan is self._reused[0]
         if result.plan_reused and len(plan.changes) == self._reused[1]:
             # The last pass's plan, whose status step found every status unchanged from the same inputs.
-            phases, written, unchanged_all = {n: st.phase for n, st in previous.items()}, {}, True
+            phases, written = {n: st.phase for n, st in previous.items()}, {}
+            steady.renew(self)
         else:
             phases, written, unchanged_all = self._write_statuses(result, previous, spec_commits, status_dir, now)
-        steady.keep(self, result, previous, skipped, unchanged_all)
+            steady.keep(self, result, previous, skipped, unchanged_all)
         if cfg.ledger:
             loaded = {**previous, **self._as_filed} if self._as_filed else previous  # git's view
             ledger_out = self.ledger.refresh(status_dir, loaded, written, now, self.status_cache.present())
@@ -264,14 +268,13 @@ class Reconciler:
         missing = {n: m for n, m in missing.items() if m}
         self._planned_with = missing, settings
         reused = steady.take(self, desired, world, previous, skipped, missing, settings, now)
-        plan = None if reused is None else reused[0]
-        if plan is None:
-            plan = self._plan_afresh(desired, world, previous, skipped, now, settings, missing)
+        plan = reused[0] if reused is not None else self._plan_afresh(desired, world, previous, skipped, now,
+                                                                       settings, missing)
         self._dirty = self.dirty.specs(self.repo, self.cache.tree_changed, self.cache.ignores) \
             if self.repo is not None else set()
         if reused is not None and frozenset(self._dirty) != reused[1]:  # git status answered: it moved
-            plan = self._plan_afresh(desired, world, previous, skipped, now, settings, missing)
-        self._reused = (plan, len(plan.changes)) if reused is not None and plan is reused[0] else None
+            plan, reused = self._plan_afresh(desired, world, previous, skipped, now, settings, missing), None
+        self._reused = (plan, len(plan.changes)) if reused is not None else None
         if not cfg.allow_dirty:
             hold_uncommitted(plan, desired, previous, self._dirty)
         return plan

@@ -19,12 +19,14 @@ plan is taken again when:
   every other kind (the spec cache hands out the same record while a file's stat vouches for it),
   the same status objects (the status cache likewise), the same settled runs, missing secrets,
   uncommitted spec files, configuration and plan settings, the same machines, each having
-  answered the very next observation with runs identical to its last reply (heartbeat ages
-  aside: such a plan does not read them; ``core/parse_reuse.py``) and the same notes (error,
-  drain, foreign GPUs, refusals).
+  answered the very next observation with runs identical to its last reply (heartbeat ages and
+  live process counts aside: such a plan reads neither; ``core/parse_reuse.py``) and the same
+  notes (error, drain, foreign GPUs, refusals).
 
 The record is taken at the end of a pass and dropped at the start of the next, so a pass that
 fails half way leaves none (the machines' replies are compared with the observation just before).
+A pass that took the plan and skipped the status step renews the record as it was: its inputs
+were just proved to be the record's.
 Anything else, and the pass plans and writes as always. The world is still observed and bound
 afresh every pass: what the machines say is what the page and the next pass see.
 """
@@ -48,8 +50,7 @@ class Record:
     observation: int  # the parse memo's observation the plan's world came from
     cfg: object
     runs: dict
-    kinds: tuple  # templates, fleets, providers, storages, policy: their objects
-    invalid: tuple
+    kinds: tuple  # templates, fleets, policy, invalid providers: what else of the tree a plan reads
     previous: dict
     skipped: frozenset
     missing: dict
@@ -61,8 +62,13 @@ class Record:
 
 
 def _kinds(desired) -> tuple:
-    return (dict(desired.templates), dict(desired.fleets), dict(desired.providers), dict(desired.storages),
-            desired.policy)
+    return dict(desired.templates), dict(desired.fleets), desired.policy, dict(desired.invalid_providers)
+
+
+def _same_kinds(desired, kinds: tuple) -> bool:
+    templates, fleets, policy, invalid_providers = kinds
+    return (_same_objects(desired.templates, templates) and _same_objects(desired.fleets, fleets)
+            and desired.policy is policy and desired.invalid_providers == invalid_providers)
 
 
 def _same_objects(a: dict, b: dict) -> bool:
@@ -80,16 +86,22 @@ def _notes(m) -> tuple:
     return m.error, m.draining, tuple(m.foreign_gpus), m.gpu_error, tuple(m.rejected)
 
 
+def _out_of_scope(desired, world) -> bool:
+    """What a plan that reads nothing of the clock never has in sight (see above): asked of the
+    pass that records and of the pass that takes."""
+    return bool(world.rentals or world.provider_errors or desired.providers or desired.storages or desired.invalid)
+
+
 def take(rec, desired, world, previous: dict, skipped: set, missing: dict, settings,
          now: float) -> tuple[Plan, frozenset] | None:
     """The last pass's plan, at ``now``, and the uncommitted spec files it was planned with (the
     caller compares them once ``git status`` has answered), when everything else it was computed
     from is as it was (see above); None otherwise. Always drops the record: one pass may use it,
-    the next."""
-    r, rec._steady = rec.__dict__.get("_steady"), None
+    the next. The record taken is kept aside for ``renew``."""
+    r, rec._steady, rec._taken = rec._steady, None, None
     if r is None or r.observation + 1 != rec.parse_memo.observations or r.cfg is not rec.cfg:
         return None
-    if world.rentals or world.provider_errors or world.first_seen != r.first_seen:
+    if _out_of_scope(desired, world) or world.first_seen != r.first_seen:
         return None
     machines = world.machines
     if len(machines) != len(r.machines):
@@ -103,12 +115,21 @@ def take(rec, desired, world, previous: dict, skipped: set, missing: dict, setti
         if seen is None or seen.live:  # a process of an ended attempt is back: it is to be stopped
             return None
     if (not _same_objects(desired.runs, r.runs) or not _same_objects(previous, r.previous)
-            or frozenset(skipped) != r.skipped or missing != r.missing or settings != r.settings):
+            or frozenset(skipped) != r.skipped or missing != r.missing or settings != r.settings
+            or not _same_kinds(desired, r.kinds)):
         return None
-    if (desired.invalid, desired.invalid_providers) != r.invalid or not all(
-            _same_objects(a, b) for a, b in zip(_kinds(desired)[:4], r.kinds[:4])) or desired.policy is not r.kinds[4]:
-        return None
+    rec._taken = r
     return Plan(changes=list(r.plan.changes), at=now, warnings=list(r.plan.warnings)), r.dirty
+
+
+def renew(rec) -> None:
+    """After a pass that took the plan and skipped the status step: its inputs were proved to be
+    the record's, so the record stands for this pass's observation too (checked again, it was
+    most of the CPU a steady pass has left)."""
+    r, rec._taken = rec._taken, None
+    if r is not None:
+        r.observation = rec.parse_memo.observations
+        rec._steady = r
 
 
 def keep(rec, result, previous: dict, skipped: set, all_unchanged: bool) -> None:
@@ -117,9 +138,8 @@ def keep(rec, result, previous: dict, skipped: set, all_unchanged: bool) -> None
     every status unchanged. The plan's inputs of ``rec._plan`` are in ``rec._planned_with``."""
     desired, world, plan = result.desired, result.world, result.plan
     missing, settings = rec._planned_with
-    if (not all_unchanged or result.outcomes or result.written
-            or plan.orphans or world.rentals or world.provider_errors or desired.providers or desired.storages
-            or desired.invalid or rec.focus.focus is not None):
+    if (not all_unchanged or result.outcomes or result.written or plan.orphans or rec.focus.focus is not None
+            or _out_of_scope(desired, world)):
         return
     machines = world.machines
     if not all(m.reachable for m in machines.values()) or world.has_nodes():
@@ -137,8 +157,7 @@ def keep(rec, result, previous: dict, skipped: set, all_unchanged: bool) -> None
     ended = _ended(machines, kept)
     if ended is None:
         return
-    rec._steady = Record(plan, rec.parse_memo.observations, rec.cfg, dict(runs), _kinds(desired),
-                         (dict(desired.invalid), dict(desired.invalid_providers)), dict(previous),
+    rec._steady = Record(plan, rec.parse_memo.observations, rec.cfg, dict(runs), _kinds(desired), dict(previous),
                          frozenset(skipped), missing, frozenset(rec._dirty), settings,
                          {n: _notes(m) for n, m in machines.items()}, dict(world.first_seen), ended)
 

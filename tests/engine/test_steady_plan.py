@@ -48,7 +48,7 @@ def _decisions(plan):
 def test_a_fleet_at_rest_takes_the_last_plan_and_sees_a_job_die_and_a_spec_edit(tmp_path, ws_root):
     repo = make_repo(tmp_path / "repo", {"a": run_spec("a", LONG, max_retries=1), "b": run_spec("b", LONG)})
     rec = _daemon_like(repo, ws_root)
-    rested = _at_rest(rec, ["a", "b"])
+    rested = _at_rest(rec, ["a", "b"])  # from here on the record is renewed by each pass that takes it
     assert [(c.name, c.action, c.phase) for c in rested.plan.changes] == [("a", "none", "Running"),
                                                                           ("b", "none", "Running")]
     assert rested.written == [] and rested.commit is None
@@ -76,6 +76,9 @@ def test_the_taken_plan_is_the_one_planning_again_gives(tmp_path, ws_root):
     repo = make_repo(tmp_path / "repo", {n: run_spec(n, LONG) for n in ("a", "b", "c")})
     rec = _daemon_like(repo, ws_root)
     rested = _at_rest(rec, ["a", "b", "c"])
+    for _ in range(2):  # the record stands for the passes that take it, one after another
+        again = rec.run_pass()
+        assert again.plan_reused and _decisions(again.plan) == _decisions(rested.plan)
     rec._steady = None  # no record: the same inputs are planned afresh
     again = rec.run_pass()
     assert not again.plan_reused and _decisions(again.plan) == _decisions(rested.plan)
