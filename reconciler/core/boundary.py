@@ -226,8 +226,8 @@ class ProbeReply:
     gpu_error: str | None = None  # why the GPUs' processes are not known (foreign_gpus: avoid then fails closed)
     runs: dict[str, RunReport] = field(default_factory=dict)
     rejected: list[str] = field(default_factory=list)  # "<what>: <why>", one per refused item
-    # Its runs are those of the same machine's reply to the observation before (heartbeats aside),
-    # and were taken whole from their parse then (parse_reuse.py's same_runs).
+    # Its runs are those of the same machine's reply to the observation before (heartbeat ages and
+    # live counts aside), and were taken whole from their parse then (parse_reuse.py's same_runs).
     same_runs: bool = False
 
 
@@ -297,7 +297,8 @@ def _refresh(report: RunReport, raw: dict) -> None:
 
 
 def _parse_entry(identity: str, raw: Any) -> tuple[RunReport, bool]:
-    """``parse_run``, and whether the report holds the entry's heartbeat (only a valid one does)."""
+    """``parse_run``, and whether the report holds the entry's volatile fields, its heartbeat and
+    live count (only a valid one does; parse_reuse.py reads them afresh into a reused parse)."""
     if not isinstance(raw, dict):
         return RunReport(identity, "", "unknown", message=f"the machine's report of {identity} is not an object"), False
     try:

@@ -88,8 +88,8 @@ class ObservedMachine:
     # What its probe said that the trust boundary refused (a run it does not host, a malformed
     # field), one reason each: the rest of its report still counts.
     rejected: list[str] = field(default_factory=list)
-    # Its runs were reported as in its reply to the observation before, heartbeats aside
-    # (core/parse_reuse.py); engine/steady.py reads it.
+    # Its runs were reported as in its reply to the observation before, heartbeat ages and live
+    # counts aside (core/parse_reuse.py); engine/steady.py reads it.
     same_runs: bool = False
 
 

@@ -69,11 +69,12 @@ Refresh = Callable[[ObservedRun, dict], None]  # sets a report's volatile fields
 
 
 def _stripped(raw: Any) -> Any:
-    if isinstance(raw, dict) and ("heartbeat_age" in raw or "live" in raw):
-        raw = dict(raw)
-        raw.pop("heartbeat_age", None)
-        raw.pop("live", None)
+    if isinstance(raw, dict) and not _VOLATILE.isdisjoint(raw):
+        raw = {k: v for k, v in raw.items() if k not in _VOLATILE}
     return raw
+
+
+_VOLATILE = frozenset(VOLATILE)
 
 
 def _use(template: Template, raw: Any, refresh: Refresh) -> ObservedRun:
@@ -138,9 +139,9 @@ class ParseMemo:
         gains the template used (see keep_runs)."""
         key = digest(raw) if isinstance(raw, dict) else None
         if key is None:
-            report, reads_heartbeat = parse(identity, raw)
+            report, reads_volatile = parse(identity, raw)
             if templates is not None:
-                templates[identity] = (fresh(report), reads_heartbeat)
+                templates[identity] = (fresh(report), reads_volatile)
             return report
         found = self._current.get(identity) or self._previous.get(identity)
         if found is not None and found[0] == key:
@@ -151,8 +152,8 @@ class ParseMemo:
             out = _use(template, raw, refresh)
         else:
             self.misses += 1
-            out, reads_heartbeat = parse(identity, raw)
-            template = (fresh(out), reads_heartbeat)
+            out, reads_volatile = parse(identity, raw)
+            template = (fresh(out), reads_volatile)
             if len(self._current) < self.limit:
                 self._current[identity] = (key, template)
         if templates is not None:

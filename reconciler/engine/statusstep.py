@@ -62,6 +62,7 @@ def write(rec, result, previous: dict[str, statuses.RunStatus], spec_commits: di
                 result.transitions.append(f"{change.name}: {before} → {new.phase} [{ident}] {change.reason}"[:300])
     return phases, written, moved == 0
 
+
 def _progress_can_wait(rec, prev: statuses.RunStatus | None, new: statuses.RunStatus, now: float) -> bool:
     """A change of progress alone, while the status file was written less than
     ``status_progress_interval`` ago: the file keeps its older progress until then. The time
