@@ -83,8 +83,7 @@ class PlanBook:
         runs, reads, stopped, fresh, previous = self.desired.runs, self.reads, self.stopped, self.fresh, self.previous
         answer, observed = not self.any_down(), self.world.names()  # nothing is fresh while a machine is down
         grouping = self.groups = Groups(self.desired, self.quotas)
-        # What Groups.add does, without a call per run: the list for the run's class and team.
-        by_class, teams, fair = grouping.by_class, grouping.teams, grouping.fair
+        group = grouping.add
         policy = self.desired.policy
         label = policy.spec.teamLabel if policy is not None else None
         kept_by_template: dict = {}  # template name → its kept Effectives (None: no such template)
@@ -92,7 +91,7 @@ class PlanBook:
         for name in names:
             entry = runs.get(name)
             if entry is None:
-                grouping.add(name, None, None)
+                group(name, None, None)
                 continue
             run = entry.run
             spec = run.spec
@@ -104,13 +103,7 @@ class PlanBook:
             wanted, team = spec.priority, run.metadata.labels.get(label) if label is not None else None
             reads[name] = (wanted, team, digest, entry.rel, bool(spec.affinity or spec.antiAffinity),
                            kept.get(digest) if kept is not None else None)
-            by_team = by_class.get(wanted)
-            queue = by_team.get(team) if by_team is not None else None
-            if queue is None:
-                queue = grouping.queue(wanted, team)
-            queue.append(name)
-            if fair:
-                teams[name] = team
+            group(name, wanted, team)
             if spec.desiredState == "Stopped":
                 stopped.add(name)
             elif answer and name not in observed and previous.get(name) is None:

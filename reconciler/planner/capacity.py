@@ -231,16 +231,11 @@ class RoomIndex:
         return room
 
     def best(self, gpu_type: str | None, count: int) -> Slot | None:
-        return self.best_key(gpu_type.lower() if gpu_type else None, count)
-
-    def best_key(self, key: str | None, count: int) -> Slot | None:
-        """``best`` for the GPU type's key (its lower-case name; None: any type)."""
-        room = self.of_key.get(key) or self._room(key)
-        r = room.best(count)
+        r = self._room(gpu_type.lower() if gpu_type else None).best(count)
         return self.slot_of[r] if r is not None else None
 
     def fitting(self, gpu_type: str | None, count: int) -> int:
-        return sum((self.of_key.get(key := gpu_type.lower() if gpu_type else None) or self._room(key)).counts[count:])
+        return sum(self._room(gpu_type.lower() if gpu_type else None).counts[count:])
 
     def fitting_names(self, gpu_type: str | None, count: int) -> list[str]:
         """The machines ``fitting`` counts, by name (asked only when there are a few)."""
@@ -251,15 +246,12 @@ class RoomIndex:
     def changed(self, s: Slot) -> None:
         r = self.rank[s.name]
         available = s.available()  # the same for every GPU type: asked once
-        counts_of = s._counts
         code = s.tasks * len(self.slot_of) + r
         for key, room in self.of_key.items():
             if not available:
                 room.leave(r)
                 continue
-            f = counts_of.get(key)
-            if f is None:
-                f = s.free_count(key)
+            f = s.free_count(key)
             if room.code_of[r] != code or room.free_of[r] != f:
                 room.move(r, f, code)
 

@@ -22,10 +22,14 @@ from reconciler.core.runstatus import RunStatus
 
 def priority_of(desired: DesiredState, entry: RunEntry | None) -> tuple[int, str]:
     """(value, class name) of a run's priority: its class, else the Policy's default, else 0."""
+    return class_of(desired, entry.run.spec.priority if entry is not None else None)
+
+
+def class_of(desired: DesiredState, wanted: str | None) -> tuple[int, str]:
+    """(value, class name) of priority class ``wanted`` (None: the Policy's default), else 0."""
     policy = desired.policy
     if policy is None:
         return 0, ""
-    wanted = entry.run.spec.priority if entry is not None else None
     for c in policy.spec.priorityClasses:
         if (wanted is not None and c.name == wanted) or (wanted is None and c.default):
             return c.value, c.name
@@ -96,10 +100,10 @@ class Groups:
 
     def queue(self, wanted: str | None, team: str | None) -> list[str]:
         """The list the runs of class ``wanted`` and ``team`` go to (kept in ``by_class``, which
-        a caller adding thousands of runs may read first, as ``add`` does)."""
+        ``add`` reads first)."""
         value = self.values.get(wanted)
         if value is None:
-            value = self.values[wanted] = _class_value(self.desired, wanted)
+            value = self.values[wanted] = class_of(self.desired, wanted)[0]
         group = self.groups.get(value)
         if group is None:
             group = self.groups[value] = {} if self.fair else []
@@ -111,17 +115,6 @@ class Groups:
             queue = group
         self.by_class.setdefault(wanted, {})[team] = queue
         return queue
-
-
-def _class_value(desired: DesiredState, wanted: str | None) -> int:
-    """priority_of's value for a run asking for class ``wanted``."""
-    policy = desired.policy
-    if policy is None:
-        return 0
-    for c in policy.spec.priorityClasses:
-        if (wanted is not None and c.name == wanted) or (wanted is None and c.default):
-            return c.value
-    return 0
 
 
 def _fair_queues(queues: dict[str, list[str]], quotas: "Quotas", known: dict[str, str]) -> Iterator[str]:
