@@ -121,8 +121,8 @@ def build(req: BundleRequest, dest: Path) -> Bundle:
     rendered = render(run.spec.task, RenderContext(identity=req.identity, python=req.python,
                                                     resume_from=req.resume_from, gpus=req.gpus, bundle=tmp))
     _write(tmp / "scripts" / "entrypoint.sh", rendered.entrypoint.encode(), 0o755)
-    shipped.place(tmp / "scripts", skip={rel.rsplit("/", 1)[-1] for rel in rendered.files
-                                                      if rel.startswith("scripts/") and rel.count("/") == 1})
+    own = {rel.rsplit("/", 1)[-1] for rel in rendered.files if rel.startswith("scripts/") and rel.count("/") == 1}
+    shipped.place(tmp / "scripts", shipped.needed(rendered.helpers, storage=req.storage is not None), skip=own)
     for rel, content in sorted(rendered.files.items()):
         _write(tmp / rel, content, 0o644)
     res = req.effective.resources

@@ -1,9 +1,13 @@
-"""The runtime files every bundle ships (``scripts/``), read once per process.
+"""The runtime files a bundle ships (``scripts/``), read once per process.
 
-Every bundle holds the same eight files from ``reconciler/runtime/`` (the launch wrapper, the GPU
-sampler, the precheck, ...). Reading them from the package for each bundle was a good part of a
-bundle's build on a loaded small VM, where a burst of fifty runs builds fifty bundles; their bytes
-are read once per process (an upgrade of the package restarts the reconciler).
+Every bundle holds the launch wrapper, the GPU sampler and the log stamper from
+``reconciler/runtime/``; the precheck ships with a task whose entrypoint runs it (``helpers`` of
+its rendering), the storage sync with a run that has a Storage (``scripts/storage.json``). A file
+a run never uses is a file created on the way from an edit to its process, and sent over SSH: on
+a file system whose creations are slow (docs/benchmarks.md, "File creation"), each one counts.
+Reading them from the package for each bundle was a good part of a bundle's build on a loaded
+small VM, where a burst of fifty runs builds fifty bundles; their bytes are read once per process
+(an upgrade of the package restarts the reconciler).
 
 Each bundle gets its own copy of each file, never a hard link to a shared one: on this machine
 the workspace is the bundle, and a job may write to its own ``scripts/`` (a mode does not stop
@@ -18,9 +22,11 @@ import os
 from pathlib import Path
 
 RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime"
-SHIPPED_SCRIPTS = ("launch.sh", "gpu_sampler.py", "precheck.py", "precheck_gpus.py", "log_stamp.py",
-                   # uploads to the run's Storage, machine to bucket (used when scripts/storage.json is there)
-                   "storage_sync.py", "storage_fetch.py", "storage_common.py")
+ALWAYS = ("launch.sh", "gpu_sampler.py", "log_stamp.py")
+PRECHECK = ("precheck.py", "precheck_gpus.py")  # a task's entrypoint runs it (tasks/swift.py)
+# Uploads to the run's Storage, machine to bucket (run by launch.sh when scripts/storage.json is there).
+STORAGE = ("storage_sync.py", "storage_fetch.py", "storage_common.py")
+SHIPPED_SCRIPTS = ALWAYS + PRECHECK + STORAGE
 MODE = 0o755
 
 
@@ -30,10 +36,20 @@ def contents() -> tuple[tuple[str, bytes], ...]:
     return tuple((name, (RUNTIME_DIR / name).read_bytes()) for name in SHIPPED_SCRIPTS)
 
 
-def place(scripts: Path, skip: set[str] = frozenset()) -> None:
-    """The shipped files into ``scripts`` (a bundle being built), but ``skip``: each a file of its own."""
+def needed(helpers: tuple[str, ...] = (), storage: bool = False) -> frozenset[str]:
+    """The shipped files a run uses: the ones every bundle has, the ``helpers`` its task's
+    entrypoint calls, and the storage sync when it has a Storage."""
+    unknown = set(helpers) - set(SHIPPED_SCRIPTS)
+    if unknown:
+        raise ValueError(f"not a shipped runtime file: {sorted(unknown)}")
+    return frozenset(ALWAYS + tuple(helpers) + (STORAGE if storage else ()))
+
+
+def place(scripts: Path, names: frozenset[str] = frozenset(SHIPPED_SCRIPTS), skip: set[str] = frozenset()) -> None:
+    """The shipped files of ``names`` into ``scripts`` (a bundle being built), but ``skip``: each a
+    file of its own."""
     for name, data in contents():
-        if name in skip:
+        if name not in names or name in skip:
             continue
         fd = os.open(scripts / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, MODE)
         with os.fdopen(fd, "wb") as fh:

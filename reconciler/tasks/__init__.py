@@ -30,6 +30,7 @@ class Rendered:
     entrypoint: str
     files: dict[str, bytes] = field(default_factory=dict)  # bundle-relative path → content
     env: dict[str, str] = field(default_factory=dict)  # plain (non-secret) environment
+    helpers: tuple[str, ...] = ()  # shipped runtime files the entrypoint runs (artifacts/shipped.py)
 
 
 def quote_argv(argv: list[str]) -> str:

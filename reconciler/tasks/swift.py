@@ -238,7 +238,8 @@ def _render(task, ctx: RenderContext, verb: str) -> Rendered:
         PRECHECK_ARGS: "".join(a + "\n" for a in precheck_args(task) + (
             ["--expect-gpus", str(len(ctx.gpus))] if ctx.gpus else [])).encode(),
     }
-    return Rendered(entrypoint=entrypoint(verb, fork_pythonpath(task, ctx)), files=files)
+    return Rendered(entrypoint=entrypoint(verb, fork_pythonpath(task, ctx)), files=files,
+                    helpers=("precheck.py", "precheck_gpus.py"))
 
 
 @register("swift-sft")
