@@ -10,7 +10,9 @@ scratch folder, and prints:
    that appears, a process that writes its pid the way the launch wrapper does (new session,
    ``mkdir -p runtime artifacts``, pid written and renamed into place). The two alternate, R
    rounds, one trial each per round, the daemon left idle (its status pushed) before each trial;
-   medians and p90 of both, their ratio, the CPU time each used, the load average. The daemon runs
+   medians and p90 of both, their ratio, the CPU time each used, the load average, the cost of
+   one file creation in the scratch folder before and after the trials and how many files and
+   folders each makes before its pid (docs/benchmarks.md, "File creation"). The daemon runs
    with ``allow_dirty`` (a file written into its checkout is uncommitted: without it the run waits
    for a commit, see docs/loop.md);
 2. a burst: B spec files written within a few milliseconds (as a ``git pull`` would) → the number
@@ -269,6 +271,7 @@ def against_floor(b: Bench, rounds: int) -> tuple[Path, Path, Path, int]:
         k = warm(lambda k: _write_spec(clone, f"{prefix}{k}"), lambda k: b.started(f"{prefix}{k}-g1-a1"), 40.0)
         wait_for(lambda: pushed(origin, f"{prefix}{k}"), timeout=60, interval=0.01)
     print(f"machine: {machine()}; load average before: {load()}")
+    made = creation_cost(b.tmp / "made-before")
     cpu0 = cpu_seconds(daemon.pid), cpu_seconds(floor.pid)
     lat: dict[str, list[float]] = {"daemon": [], "floor": []}
     for r in range(rounds):
@@ -292,7 +295,38 @@ def against_floor(b: Bench, rounds: int) -> tuple[Path, Path, Path, int]:
     if waited:
         print(f"  the daemon's request → pass start: median {statistics.median(waited) * 1000:.1f} ms "
               f"(max {max(waited) * 1000:.1f} ms, n={len(waited)})")
+    ws = b.ws / "bench" / f"local{rounds - 1}-g1-a1"
+    print(f"  file creation in the scratch folder: {made:.3f} ms per file before the trials, "
+          f"{creation_cost(b.tmp / 'made-after'):.3f} ms after; files and folders on the way to the pid: "
+          f"daemon {on_the_way(ws)}, floor 4 (docs/benchmarks.md, \"File creation\")")
     return origin, user, clone, port
+
+
+def creation_cost(folder: Path, n: int = 32) -> float:
+    """Median milliseconds to create and write one small file in ``folder`` (new). On ext4
+    without a journal it grows with the files deleted nearby in the last minutes (the kernel's
+    ``recently_deleted`` in fs/ext4/ialloc.c), so a ratio is read beside it. The files are left
+    for the scratch folder's removal: deleting them here would raise the cost it measures."""
+    folder.mkdir()
+    took = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        fd = os.open(folder / f"f{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.write(fd, b"x" * 512)
+        os.close(fd)
+        took.append(time.perf_counter() - t0)
+    return statistics.median(took) * 1000
+
+
+def on_the_way(ws: Path) -> int:
+    """Files and folders of a launched workspace that exist before its pid does: the bundle, the
+    launch's records and the workspace's claim beside it (what the wrapper writes after its pid:
+    started_at, child.pid, runtime.log and the job's logs, left out)."""
+    after = {"started_at", "child.pid", "runtime.log", "stdout.log", "stderr.log", "logs.index", "nvml-audit.jsonl"}
+    if not ws.is_dir():
+        return 0
+    inside = sum(1 for p in ws.rglob("*") if p.name not in after)
+    return 1 + inside + (ws.parent / f".{ws.name}.claim").exists()
 
 
 def burst(b: Bench, clone: Path, origin: Path, port: int, n: int) -> None:
