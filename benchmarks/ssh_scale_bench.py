@@ -11,9 +11,11 @@ Targets with connections kept: ≤ 1 ms of CPU per machine per pass, ≤ 1 s wal
 ``--watched N`` adds N names to the list of watched runs every probe carries (a fleet of N runs;
 none of them has a workspace on these machines) and measures the kept connections twice,
 alternated: with the helper keeping the list (sent once, then by reference) and with the list
-sent whole on every probe (as before the helper kept it).
+sent whole on every probe (as before the helper kept it). ``--churn K`` replaces K of those names
+every pass (runs that start and settle), so the list changes every pass: with the helper keeping
+it, each machine is sent the change; alternated with the list sent whole.
 
-    sudo python benchmarks/ssh_scale_bench.py [--machines 100] [--passes 5] [--watched 10000]
+    sudo python benchmarks/ssh_scale_bench.py [--machines 100] [--passes 5] [--watched 10000] [--churn 10]
 """
 
 from __future__ import annotations
@@ -43,13 +45,23 @@ def main() -> None:
     ap.add_argument("--idle", type=float, default=5.0, help="seconds to measure the kept connections' idle cost")
     ap.add_argument("--profile", action="store_true", help="print a profile of one kept-connection pass")
     ap.add_argument("--watched", type=int, default=0, help="names of runs watched besides the fleet's own")
+    ap.add_argument("--churn", type=int, default=0, help="watched names replaced every pass")
     args = ap.parse_args()
     if args.watched:
         from reconciler.engine import loop
 
         extra = [f"w-{i:05d}" for i in range(args.watched)]
         watch = loop.names_to_watch
-        loop.names_to_watch = lambda *a, **k: sorted(watch(*a, **k) + extra)
+        turn = [0]
+
+        def watched(*a, **k):
+            if args.churn:  # the oldest K names settle, K new ones start
+                turn[0] += 1
+                del extra[:args.churn]
+                extra.extend(f"w-{args.watched + turn[0] * args.churn + i:05d}" for i in range(args.churn))
+            return sorted(watch(*a, **k) + extra)
+
+        loop.names_to_watch = watched
     scratch = Path(tempfile.mkdtemp(prefix="rc-sshscale-"))
     servers: list[SshServer] = []
     try:
@@ -96,7 +108,8 @@ def main() -> None:
                 cProfile.runctx("rec.run_pass()", globals(), {"rec": rec}, "/tmp/ssh_scale.prof")
                 pstats.Stats("/tmp/ssh_scale.prof").sort_stats("tottime").print_stats(25)
             rec.close()
-            sent = f", {args.watched} names watched, sent {'whole' if whole else 'by reference'}" if args.watched else ""
+            how = "whole" if whole else f"as a change of {args.churn} names each pass" if args.churn else "by reference"
+            sent = f", {args.watched} names watched, sent {how}" if args.watched else ""
             print(f"{args.machines} machines over SSH, connections {'kept' if keep else 'new each pass'}{sent}: "
                   f"{statistics.median(walls):.2f}s wall per pass, "
                   f"{statistics.median(cpus) / args.machines * 1000:.2f} ms CPU per machine per pass{idle}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from pathlib import Path
 
 from reconciler.runtime import AGENT_MODULES
@@ -76,26 +77,65 @@ def agent_program(args: dict) -> tuple[str, list[str]]:
     return head + f"sys.exit(main(['-', {text!r}]))\n", []
 
 
-# The last list of watched names encoded: (the list, its JSON, its reference). The observer hands
-# every machine of a pass the same list object, so it is encoded once a pass, not once a machine.
-_names: tuple = (None, b"", "")
+# The last lists of watched names encoded, newest last: (the list, its JSON, its reference, whether
+# its names are sorted and unique).
+# The observer hands every machine of a pass the same list object, so it is encoded once a pass,
+# not once a machine; the few before it stay, so a helper that holds one of them is sent the change.
+_names: tuple = ()
+KEPT_LISTS = 4
+_deltas: dict = {}  # (reference held, reference sent) → the change's JSON fields, for the latest list
+_delta_lock = threading.Lock()
+
+
+def names_ref(data: bytes) -> str:
+    """The reference of a list of names: of its JSON (sorted, unique names, compact), so that a
+    helper that rebuilds the list from a change can check it holds the very same list."""
+    return hashlib.sha256(data).hexdigest()[:32]
 
 
 def _encoded_names(names: list) -> tuple[bytes, str]:
-    global _names
-    last = _names  # read once: another thread may replace it meanwhile
-    if last[0] is not names:
+    global _names, _deltas
+    lists = _names  # read once: another thread may replace it meanwhile
+    if not lists or lists[-1][0] is not names:
         data = json.dumps(names, separators=(",", ":")).encode()
-        last = _names = (names, data, hashlib.sha256(data).hexdigest()[:32])
-    return last[1], last[2]
+        # A change is sent only between lists of sorted, unique names: what the helper rebuilds.
+        canonical = all(a < b for a, b in zip(names, names[1:]))
+        lists = _names = (*lists[-(KEPT_LISTS - 1):], (names, data, names_ref(data), canonical))
+        _deltas = {}
+    return lists[-1][1], lists[-1][2]
+
+
+def _delta(known: str, ref: str, size: int) -> bytes | None:
+    """The change from the list ``known`` names to the latest (``ref``) as JSON fields, when the
+    list ``known`` names is still kept here and the change is smaller than the list itself."""
+    cached = _deltas.get((known, ref))
+    if cached is None:
+        with _delta_lock:  # once for all the machines of a pass (32 threads would compute it at once)
+            cached = _deltas.get((known, ref))
+            if cached is None:
+                cached = _deltas[(known, ref)] = _change(known, ref, size)
+    return cached or None
+
+
+def _change(known: str, ref: str, size: int) -> bytes:
+    lists = _names
+    old = next((entry for entry in lists if entry[2] == known), None)
+    if old is None or lists[-1][2] != ref or not (old[3] and lists[-1][3]):
+        return b""
+    before, after = set(old[0]), set(lists[-1][0])
+    fields = json.dumps({"names_add": sorted(after - before), "names_base": known,
+                         "names_drop": sorted(before - after)}, separators=(",", ":")).encode()[1:-1]
+    return fields if len(fields) < size else b""
 
 
 def resident_request(args: dict, known: str | None) -> tuple[bytes, str | None]:
     """A request line for the resident helper (``probe.py --serve``), and the reference of the
     names it carries. The helper keeps the last list of names it was sent under its reference:
-    when ``known`` (what this helper was last sent) is that reference, only the reference goes.
-    At 10,000 watched names a list is ~280 KB of JSON and 1.4 ms to encode; a fleet of 1,000
-    machines sent it whole on every pass."""
+    when ``known`` (what this helper was last sent) is that reference, only the reference goes;
+    when it is a list kept here, only the change (names added and dropped; the helper checks the
+    list it rebuilds against the reference). At 10,000 watched names a list is ~280 KB of JSON
+    and 1.4 ms to encode; a fleet of 1,000 machines was sent it whole on every pass, and then on
+    every pass that started or settled a run."""
     names = args.get("names")
     if not isinstance(names, list):
         return json.dumps(args, separators=(",", ":"), sort_keys=True).encode() + b"\n", None
@@ -104,6 +144,9 @@ def resident_request(args: dict, known: str | None) -> tuple[bytes, str | None]:
                       separators=(",", ":"), sort_keys=True).encode()
     if ref == known:
         return head + b"\n", ref
+    change = _delta(known, ref, len(data)) if known is not None else None
+    if change is not None:
+        return head[:-1] + b"," + change + b"}\n", ref
     return head[:-1] + b',"names":' + data + b"}\n", ref
 
 

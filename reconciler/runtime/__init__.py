@@ -7,4 +7,4 @@ a package from their sources (``reconciler/machines/remote_agent.py``), and this
 as they are.
 """
 
-AGENT_MODULES = ("gpus", "readings", "slurm_end", "slurm", "stop", "probe")
+AGENT_MODULES = ("gpus", "readings", "slurm_end", "slurm", "stop", "probe", "resident")

@@ -444,38 +444,11 @@ def dispatch(args):
     raise SystemExit(f"unknown op {op!r}")
 
 
-def serve(stdin, stdout):
-    """``--serve``: one JSON request a line on stdin, one JSON answer a line on stdout, until
-    stdin closes (its SSH channel closed: the reconciler stopped or lost the connection). A
-    long-lived reconciler keeps one per machine so that a probe costs no interpreter start.
-
-    The list of watched names comes with a reference (``names_ref``) and is kept: a request that
-    carries only the reference of the list kept reuses it (the reconciler sends the list again
-    only when it changed). A reference not kept is an error: the reconciler then sends it whole."""
-    kept = (None, None)
-    for line in stdin:
-        if not line.strip():
-            continue
-        try:
-            args = json.loads(line)
-            ref = args.pop("names_ref", None) if isinstance(args, dict) else None
-            if ref is not None and "names" in args:
-                kept = (ref, args["names"])
-            elif ref is not None:
-                if ref != kept[0]:
-                    raise KeyError("names %s not kept" % ref)
-                args["names"] = kept[1]
-            answer = dispatch(args)
-        except Exception as e:  # noqa: BLE001 - reported to the caller, the helper goes on
-            answer = {"__error__": f"{type(e).__name__}: {e}"}
-        stdout.write(json.dumps(answer) + "\n")
-        stdout.flush()
-    return 0
-
-
 def main(argv):
     if len(argv) > 1 and argv[1] == "--serve":
-        return serve(sys.stdin, sys.stdout)
+        from .resident import serve
+
+        return serve(sys.stdin, sys.stdout, dispatch)
     args = json.loads(argv[1]) if len(argv) > 1 else {}
     print(json.dumps(dispatch(args)))
     return 0

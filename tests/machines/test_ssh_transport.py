@@ -288,20 +288,27 @@ def test_a_kept_connection_probes_through_a_resident_helper(sshd, root, bundle_d
         fresh.close()
 
 
+def _kept_with_a_collected_attempt(sshd, root, bundle_dir) -> SshTransport:
+    """A kept connection to a machine with a staged r-g1-a1 and old-g1-a1, an ended attempt whose
+    outputs were collected: reported only while its run is watched."""
+    kept = SshTransport(info(sshd, root))
+    kept.kept = True
+    kept.stage(bundle_dir, "r-g1-a1")
+    done = Path(root) / "old-g1-a1" / "runtime"
+    done.mkdir(parents=True)
+    (done / "result.json").write_text('{"exit_code": 0, "finished_at": 1000.0}')
+    (done / "collected").write_text("")
+    return kept
+
+
 def test_the_resident_helper_keeps_the_watched_names_and_gets_them_again_only_when_they_change(sshd, root,
                                                                                               bundle_dir):
     """The list of watched names (280 KB of JSON at 10,000 runs) goes to a machine's helper once and
     then by reference; what the probe reports still follows the list: a collected workspace is
     reported only while its run is watched."""
-    kept = SshTransport(info(sshd, root))
-    kept.kept = True
+    kept = _kept_with_a_collected_attempt(sshd, root, bundle_dir)
     sent: list[bytes] = []
     try:
-        kept.stage(bundle_dir, "r-g1-a1")
-        done = Path(root) / "old-g1-a1" / "runtime"  # an ended attempt, its outputs collected
-        done.mkdir(parents=True)
-        (done / "result.json").write_text('{"exit_code": 0, "finished_at": 1000.0}')
-        (done / "collected").write_text("")
         watched = ["old", "r"]
         kept.agent({"op": "probe", "names": watched})  # stages the probe; the helper starts next
         for _ in range(3):
@@ -317,6 +324,26 @@ def test_the_resident_helper_keeps_the_watched_names_and_gets_them_again_only_wh
         assert b'"names":["r"]' in sent[-1] and report["runs"].keys() == {"r-g1-a1"}
         assert kept.agent({"op": "probe", "names": ["r"]})["runs"].keys() == {"r-g1-a1"}
         assert b'"names"' not in sent[-1]
+    finally:
+        kept.close()
+
+
+def test_a_helper_is_sent_the_change_to_the_watched_names_not_the_list(sshd, root, bundle_dir):
+    """A run that settles leaves the list of watched names: the helper gets that one name, over the
+    real SSH channel, and its report follows the new list."""
+    kept = _kept_with_a_collected_attempt(sshd, root, bundle_dir)
+    sent: list[bytes] = []
+    try:
+        others = [f"w-{i:03d}" for i in range(300)]
+        watched, settled = sorted(["old", "r", *others]), sorted(["r", *others])
+        kept.agent({"op": "probe", "names": watched})  # stages the probe; the helper starts next
+        assert kept.agent({"op": "probe", "names": watched})["runs"].keys() == {"old-g1-a1", "r-g1-a1"}
+        real = kept._resident.sendall
+        kept._resident.sendall = lambda data: (sent.append(bytes(data)), real(data))[1]
+        assert kept.agent({"op": "probe", "names": settled})["runs"].keys() == {"r-g1-a1"}
+        assert b'"names":' not in sent[-1] and b'"names_drop":["old"]' in sent[-1] and len(sent[-1]) < 400
+        assert kept.agent({"op": "probe", "names": settled})["runs"].keys() == {"r-g1-a1"}
+        assert b'"names' not in sent[-1].replace(b'"names_ref"', b"")  # the reference alone now
     finally:
         kept.close()
 

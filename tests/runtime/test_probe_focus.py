@@ -7,7 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 
-from reconciler.runtime import probe, readings
+from reconciler.machines import remote_agent
+from reconciler.runtime import probe, readings, resident
 from tests.repo_helpers import wait_for
 
 
@@ -83,8 +84,62 @@ def test_the_resident_helper_keeps_the_last_list_of_names_under_its_reference(tm
              {"op": "probe", "root": root, "names": [], "names_ref": "c"},
              {"op": "probe", "root": root, "names_ref": "a"}]  # only the last list is kept
     out = io.StringIO()
-    assert probe.serve(io.StringIO("".join(json.dumps(x) + "\n" for x in lines)), out) == 0
+    assert resident.serve(io.StringIO("".join(json.dumps(x) + "\n" for x in lines)), out, probe.dispatch) == 0
     answers = [json.loads(x) for x in out.getvalue().splitlines()]
     assert [sorted(a.get("runs", {})) for a in answers[:2]] == [["old-g1-a1"], ["old-g1-a1"]]
     assert "not kept" in answers[2]["__error__"] and "not kept" in answers[4]["__error__"]
     assert answers[3]["runs"] == {}
+
+
+def _collected(root, name: str) -> None:
+    done = root / f"{name}-g1-a1" / "runtime"  # an ended attempt, collected: reported only while watched
+    done.mkdir(parents=True)
+    (done / "result.json").write_text('{"exit_code": 0, "finished_at": 1000.0}')
+    (done / "collected").write_text("")
+
+
+def _served(lines: list[bytes]) -> list[dict]:
+    import io
+    import json
+
+    out = io.StringIO()
+    assert resident.serve(io.StringIO(b"".join(lines).decode()), out, probe.dispatch) == 0
+    return [json.loads(x) for x in out.getvalue().splitlines()]
+
+
+def test_a_helper_holding_an_earlier_list_is_sent_only_the_change(tmp_path):
+    """At 1,000 watched names a run that starts or settles changes one name: the helper is sent that
+    name, not the list, and what it reports follows the new list."""
+    for name in ("old", "new"):
+        _collected(tmp_path, name)
+    base = [f"run-{i:04d}" for i in range(1000)]
+    first, second = sorted([*base, "old"]), sorted([*base, "new"])
+    args = {"op": "probe", "root": str(tmp_path)}
+    line1, ref1 = remote_agent.resident_request({**args, "names": first}, None)
+    line2, ref2 = remote_agent.resident_request({**args, "names": second}, ref1)
+    assert ref1 != ref2 and b'"names":' not in line2 and len(line2) < len(line1) / 40
+    assert b'"names_add":["new"]' in line2 and b'"names_drop":["old"]' in line2
+    line3, _ = remote_agent.resident_request({**args, "names": second}, ref2)
+    answers = _served([line1, line2, line3])
+    assert [sorted(a["runs"]) for a in answers] == [["old-g1-a1"], ["new-g1-a1"], ["new-g1-a1"]]
+    # A helper that holds none of the lists kept here is sent the whole list.
+    whole, _ = remote_agent.resident_request({**args, "names": second}, "another")
+    assert b'"names":["new",' in whole
+
+
+def test_a_change_the_helper_cannot_apply_is_an_error_never_a_guess(tmp_path):
+    _collected(tmp_path, "old")
+    args = {"op": "probe", "root": str(tmp_path)}
+    line1, ref1 = remote_agent.resident_request({**args, "names": sorted(["a", "old"] + [f"x{i}" for i in range(50)])}, None)
+    line2, ref2 = remote_agent.resident_request({**args, "names": sorted(["a"] + [f"x{i}" for i in range(50)])}, ref1)
+    assert b'"names_base"' in line2
+    other_base = line2.replace(ref1.encode(), b"0" * 32)  # a list the helper never held
+    wrong = line2.replace(b'"names_drop":["old"]', b'"names_drop":[]')  # not the list referenced
+    answers = _served([line1, other_base, wrong, line1, line2])
+    assert "not kept" in answers[1]["__error__"]
+    assert "does not give the list" in answers[2]["__error__"]
+    assert sorted(answers[3]["runs"]) == ["old-g1-a1"] and answers[4]["runs"] == {}
+    # Names that are not sorted and unique are never sent as a change: the helper rebuilds sorted lists.
+    _, ref3 = remote_agent.resident_request({**args, "names": ["b", "a"] + [f"x{i}" for i in range(50)]}, None)
+    line4, _ = remote_agent.resident_request({**args, "names": ["b", "a", "c"] + [f"x{i}" for i in range(50)]}, ref3)
+    assert b'"names_base"' not in line4 and b'"names":["b","a","c",' in line4
