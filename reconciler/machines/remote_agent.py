@@ -78,9 +78,9 @@ def agent_program(args: dict) -> tuple[str, list[str]]:
 
 
 # The last lists of watched names encoded, newest last: (the list, its JSON, its reference, whether
-# its names are sorted and unique).
-# The observer hands every machine of a pass the same list object, so it is encoded once a pass,
-# not once a machine; the few before it stay, so a helper that holds one of them is sent the change.
+# its names are sorted and unique). The observer hands every machine of a pass the same list
+# object, so it is encoded once a pass, not once a machine; the few before it stay, so that a
+# helper that holds one of them is sent the change.
 _names: tuple = ()
 KEPT_LISTS = 4
 _deltas: dict = {}  # (reference held, reference sent) → the change's JSON fields, for the latest list
