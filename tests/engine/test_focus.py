@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -119,6 +120,10 @@ def test_a_look_alike_that_appeared_is_seen(tmp_path, ws_root):
     ghost = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
     try:
         (ws / "runtime" / "pid").write_text(f"{ghost.pid}\n")
+        # Popen returns once the child execs, a moment before the kernel has set up the new
+        # program's environment: until then /proc/<pid>/environ reads empty (no identity carried).
+        wait_for(lambda: b"RECONCILER_IDENTITY=ghost-g1-a1" in Path(f"/proc/{ghost.pid}/environ").read_bytes(),
+                 what="the look-alike's environment")
         add(repo, "b")
         result = rec.run_pass()
         seen = result.world.find("ghost-g1-a1")
