@@ -45,7 +45,7 @@ def needed(helpers: tuple[str, ...] = (), storage: bool = False) -> frozenset[st
     return frozenset(ALWAYS + tuple(helpers) + (STORAGE if storage else ()))
 
 
-def place(scripts: Path, names: frozenset[str] = frozenset(SHIPPED_SCRIPTS), skip: set[str] = frozenset()) -> None:
+def place(scripts: Path, names: frozenset[str], skip: set[str] = frozenset()) -> None:
     """The shipped files of ``names`` into ``scripts`` (a bundle being built), but ``skip``: each a
     file of its own."""
     for name, data in contents():

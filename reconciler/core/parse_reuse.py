@@ -32,6 +32,7 @@ from .observed import ObservedRun
 
 MAX_ENTRIES = 100_000  # identities remembered per observation: ten times the largest fleet measured
 VOLATILE = ("heartbeat_age", "live")  # move between passes; not part of what is compared
+_VOLATILE = frozenset(VOLATILE)
 
 
 def digest(raw: dict) -> bytes | None:
@@ -73,8 +74,6 @@ def _stripped(raw: Any) -> Any:
         raw = {k: v for k, v in raw.items() if k not in _VOLATILE}
     return raw
 
-
-_VOLATILE = frozenset(VOLATILE)
 
 
 def _use(template: Template, raw: Any, refresh: Refresh) -> ObservedRun:

@@ -215,3 +215,8 @@ WRONG_SPEC = 96  # built_for_check's exit code
 
 def docker_prefix(machine: MachineInfo) -> str:
     return f"DOCKER_HOST={shlex.quote(machine.docker_host)} " if machine.docker_host else ""
+
+
+def docker_export(machine: MachineInfo) -> str:
+    """``docker_prefix`` for a compound command: the variable exported for all of it."""
+    return f"export DOCKER_HOST={shlex.quote(machine.docker_host)}; " if machine.docker_host else ""

@@ -20,6 +20,7 @@ from reconciler.runtime import probe as agent_module
 
 # argv words beyond this size are embedded into the agent program instead (MAX_ARG_STRLEN is 128 KiB).
 ARGV_LIMIT = 64 * 1024
+STAGED_DIR = "$HOME/.cache/reconciler"  # where a machine keeps its copy (expanded by its shell)
 _LOADER = '''
 
 def _load():
@@ -63,6 +64,11 @@ def agent_hash() -> str:
 
         _AGENT_HASH = hashlib.sha256(agent_source().encode()).hexdigest()[:16]
     return _AGENT_HASH
+
+
+def staged_path() -> str:
+    """Where a machine keeps its copy of this version of the agent (shell words)."""
+    return f"{STAGED_DIR}/agent-{agent_hash()}.py"
 
 
 def agent_program(args: dict) -> tuple[str, list[str]]:
@@ -150,4 +156,5 @@ def resident_request(args: dict, known: str | None) -> tuple[bytes, str | None]:
     return head[:-1] + b',"names":' + data + b"}\n", ref
 
 
-__all__ = ["ARGV_LIMIT", "agent_hash", "agent_program", "agent_source", "resident_request"]
+__all__ = ["ARGV_LIMIT", "STAGED_DIR", "agent_hash", "agent_program", "agent_source", "resident_request",
+           "staged_path"]

@@ -44,8 +44,8 @@ import paramiko
 from reconciler.core.boundary import MAX_REPLY_BYTES, BadReply, absolute_path
 from reconciler.core.replies import REPLY_BUDGET
 from reconciler.core.errors import PermanentError, TemporaryError
-from .remote_agent import agent_hash, agent_program, resident_request
-from .base import Completed, MachineInfo, docker_prefix
+from .remote_agent import STAGED_DIR, agent_program, resident_request, staged_path
+from .base import Completed, MachineInfo, docker_export, docker_prefix
 from .ssh_files import SshFiles
 
 IDLE_WAKE = 1.0  # seconds between an idle connection's reader thread's checks
@@ -297,9 +297,8 @@ class SshTransport(SshFiles):
                 if self._resident is None:
                     client = self._connect()
                     chan = client.get_transport().open_session(timeout=self.connect_timeout)
-                    path = f"$HOME/.cache/reconciler/agent-{agent_hash()}.py"
-                    env = f"export DOCKER_HOST={shlex.quote(self.machine.docker_host)}; " if self.machine.docker_host else ""
-                    chan.exec_command(f'{env}f="{path}"; [ -f "$f" ] || exit {STAGED_MISSING}; exec python3 "$f" --serve')
+                    chan.exec_command(docker_export(self.machine) + f'f="{staged_path()}"; [ -f "$f" ] || '
+                                      f'exit {STAGED_MISSING}; exec python3 "$f" --serve')
                     self._resident, self._resident_buf = chan, bytearray()
                 chan = self._resident
                 self.round_trips += 1
@@ -425,9 +424,8 @@ class SshTransport(SshFiles):
         ``--serve`` loop; on first contact they cost one more round trip, to stage the copy."""
         line = None if argv else json.dumps(args, separators=(",", ":"), sort_keys=True).encode() + b"\n"
         tail = " ".join(shlex.quote(a) for a in argv) if argv else "--serve"
-        path = f"$HOME/.cache/reconciler/agent-{agent_hash()}.py"
-        env = f"export DOCKER_HOST={shlex.quote(self.machine.docker_host)}; " if self.machine.docker_host else ""
-        stage = (f'f="{path}"; d="$HOME/.cache/reconciler"; if [ -f "$f" ]; then cat > /dev/null; '
+        path, env = staged_path(), docker_export(self.machine)
+        stage = (f'f="{path}"; d="{STAGED_DIR}"; if [ -f "$f" ]; then cat > /dev/null; '
                  f'elif ! {{ mkdir -p "$d" && cat > "$d/.agent.$$" && mv "$d/.agent.$$" "$f"; }}; '
                  f'then exit {STAGED_MISSING + 1}; fi; ')
         for _ in range(3):  # staged: by path; gone since (a cleaned home): staged again
