@@ -80,6 +80,10 @@ def _keygen(path: Path, comment: str) -> str:
     return f"{key_type} {blob}"
 
 
+class PortTaken(RuntimeError):
+    """sshd could not listen: another process holds the port."""
+
+
 class SshServer:
     """A private sshd on a loopback address that accepts ``user`` with ``identity_file``.
 
@@ -102,6 +106,8 @@ class SshServer:
         # rentals with login: self do.
         self.home = pwd.getpwnam("root").pw_dir if user == "root" else ensure_test_user(user).pw_dir
         self.port = port or free_port(host)
+        self._port_chosen = port is None  # ours to choose again when another process took it first
+        self._started = False
         self._proc: subprocess.Popen[bytes] | None = None
         self._other_host_key: str | None = None
         # (pid, start time) of session processes left running by stop(); close() ends them.
@@ -189,9 +195,25 @@ class SshServer:
         return self._proc is not None and self._proc.poll() is None
 
     def start(self, timeout: float = 10.0) -> "SshServer":
-        """Start sshd (again) on the same port with the same keys; return once it accepts TCP."""
+        """Start sshd (again) on the same port with the same keys; return once it listens. A port
+        chosen here that another process took between its choice and the first start (a test run
+        beside this one) is chosen again."""
+        for _ in range(3):
+            try:
+                return self._start(timeout)
+            except PortTaken:
+                if self._started or not self._port_chosen:
+                    raise
+                self.port = free_port(self.host)
+                self.known_hosts_file.write_text(self.known_hosts_line + "\n")
+                self._write_config(self.authorized_keys)
+        return self._start(timeout)
+
+    def _start(self, timeout: float) -> "SshServer":
         if self.running:
             return self
+        offset = self.log_file.stat().st_size if self.log_file.exists() else 0
+        listening = f"Server listening on {self.host} port {self.port}".encode()
         log = open(self.log_file, "ab")
         try:
             self._proc = subprocess.Popen(
@@ -205,15 +227,23 @@ class SshServer:
             log.close()
 
         def ready() -> bool:
+            # Its own log line, not an open port: another process may hold the port it asked for.
+            with open(self.log_file, "rb") as fh:
+                fh.seek(offset)
+                said = fh.read()
             if self._proc.poll() is not None:
-                raise RuntimeError(f"sshd exited with {self._proc.returncode}:\n{self.log_text()}")
-            return port_open(self.host, self.port, timeout=0.2)
+                self._proc = None
+                if b"Address already in use" in said:
+                    raise PortTaken(f"{self.host}:{self.port}")
+                raise RuntimeError(f"sshd exited:\n{self.log_text()}")
+            return listening in said and port_open(self.host, self.port, timeout=0.2)
 
         try:
             wait_until(ready, timeout, what=f"sshd on {self.host}:{self.port}")
         except TimeoutError:
             self.stop()
             raise
+        self._started = True
         return self
 
     def stop(self, timeout: float = 5.0, kill_processes: bool = False) -> None:

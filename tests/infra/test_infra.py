@@ -188,3 +188,22 @@ def test_slurm_runs_jobs_on_two_nodes_with_fake_gpus(slurm, tmp_path):
     r = subprocess.run(["sbatch", "--gres=gpu:3", "--wrap", "true"], capture_output=True, text=True,
                        env={**os.environ, **slurm.env})
     assert r.returncode != 0 and "not available" in r.stderr
+
+
+def test_an_sshd_whose_port_was_taken_before_it_started_listens_on_another(tmp_path):
+    """Two test runs side by side may be handed the same free port: the second sshd must not take
+    the first one's listener for its own (its host key would not be the one it advertises)."""
+    from tests.infra.sshd import SshServer
+
+    server = SshServer(tmp_path / "sshd")
+    taken = server.port
+    with socket.socket() as other:  # another process, listening on the port first
+        other.bind((server.host, taken))
+        other.listen()
+        try:
+            server.start()
+            assert server.port != taken and server.running
+            assert server.known_hosts_line.startswith(f"[{server.host}]:{server.port} ")
+            assert server.run("id -un").stdout.strip() == server.user  # its own key, its own port
+        finally:
+            server.close()
